@@ -1,0 +1,254 @@
+#include "graphtrain/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+
+#include "graphtrain/error.h"
+
+namespace graphtrain {
+namespace {
+
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+[[noreturn]] void reject(const OptionSpec& spec, std::string_view raw, std::string_view origin,
+                         const std::string& accepted) {
+  throw OptionError(std::string(origin) + "='" + std::string(raw) + "' is not a valid value for " +
+                    "option '" + spec.name + "' (" + spec.doc + "); accepted: " + accepted + ".");
+}
+
+}  // namespace
+
+const char* to_string(OptionType type) {
+  switch (type) {
+    case OptionType::kBool:
+      return "bool";
+    case OptionType::kInt:
+      return "int";
+    case OptionType::kString:
+      return "string";
+    case OptionType::kEnum:
+      return "enum";
+    case OptionType::kPath:
+      return "path";
+  }
+  return "?";
+}
+
+const char* to_string(OptionSource source) {
+  switch (source) {
+    case OptionSource::kDefault:
+      return "default";
+    case OptionSource::kEnv:
+      return "env";
+    case OptionSource::kApi:
+      return "api";
+  }
+  return "?";
+}
+
+std::vector<OptionSpec> Options::builtin_specs() {
+  using T = OptionType;
+  auto spec = [](const char* name, T type, const char* def, const char* env, const char* doc,
+                 std::vector<std::string> choices = {}, int64_t lo = 0, int64_t hi = 0) {
+    return OptionSpec{name, type, def, env, doc, std::move(choices), lo, hi};
+  };
+  return {
+      spec("log_level", T::kEnum, "WARNING", "GRAPHTRAIN_LOG_LEVEL",
+           "Lowest severity logged; at WARNING and above only rank 0 logs (errors excepted), at "
+           "INFO and below every rank logs, tagged [rank N].",
+           {"VERBOSE", "DEVINFO", "INFO", "WARNING", "ERROR", "FATAL"}),
+      spec("cache_dir", T::kPath, "", "GRAPHTRAIN_CACHE_DIR",
+           "Folder of the on-disk cache of captured graphs; empty disables the cache "
+           "(GraphModule)."),
+      spec("fallback_policy", T::kEnum, "OFF", "GRAPHTRAIN_FALLBACK_POLICY",
+           "OFF raises an error naming an unsupported op and its module; EAGER runs plain "
+           "PyTorch instead, with one warning (GraphModule).",
+           {"OFF", "EAGER"}),
+      spec("enable_custom_autograd", T::kBool, "1", "GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD",
+           "Keep torch.autograd.Function calls opaque as PythonOp nodes; 0 traces through them "
+           "(PythonOp)."),
+      spec("enable_compute_optimizer", T::kBool, "1", "GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER",
+           "Run fusions and other graph optimizations; 0 for an exact-parity run (passes)."),
+      spec("save_onnx_path", T::kPath, "", "GRAPHTRAIN_SAVE_ONNX_PATH",
+           "Folder where captured and optimized graphs are saved as .onnx files; empty saves none "
+           "(GraphModule)."),
+      spec("num_threads", T::kInt, "0", "GRAPHTRAIN_NUM_THREADS",
+           "Threads in graphtrain's thread pool; 0 uses one per core (engine).", {}, 0, 4096),
+      spec("enable_zero_stage3", T::kBool, "0", "GRAPHTRAIN_ENABLE_ZERO_STAGE3",
+           "Shard parameters, gradients and optimizer state across ranks, ZeRO stage 3 "
+           "(distributed)."),
+      spec("print_memory_stats", T::kBool, "0", "GRAPHTRAIN_PRINT_MEMORY_STATS",
+           "Log the planned and peak memory of each execution plan at INFO (runtime)."),
+  };
+}
+
+std::string Options::canonicalize(const OptionSpec& spec, std::string_view raw,
+                                  std::string_view origin) {
+  std::string_view v = trim(raw);
+  switch (spec.type) {
+    case OptionType::kBool: {
+      std::string l = lower(v);
+      if (l == "1" || l == "true") return "1";
+      if (l == "0" || l == "false") return "0";
+      reject(spec, raw, origin, "0, 1, true, false (any case)");
+    }
+    case OptionType::kInt: {
+      int64_t n = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      std::string range = "an integer from " + std::to_string(spec.min_value) + " to " +
+                          std::to_string(spec.max_value);
+      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < spec.min_value ||
+          n > spec.max_value)
+        reject(spec, raw, origin, range);
+      return std::to_string(n);
+    }
+    case OptionType::kEnum: {
+      std::string u = upper(v);
+      for (const auto& choice : spec.choices)
+        if (u == choice) return choice;
+      reject(spec, raw, origin, join(spec.choices, ", ") + " (any case)");
+    }
+    case OptionType::kPath: {
+      std::string path(v);
+      if (path.find('\0') != std::string::npos) reject(spec, raw, origin, "a path without NUL");
+      if (path.size() >= 2 && path[0] == '~' && path[1] == '/') {
+        const char* home = std::getenv("HOME");
+        if (home) path = std::string(home) + path.substr(1);
+      }
+      return path;
+    }
+    case OptionType::kString:
+      return std::string(raw);
+  }
+  return std::string(raw);
+}
+
+Options::Options(std::vector<OptionSpec> specs, const char* (*getenv_fn)(const char*))
+    : specs_(std::move(specs)), getenv_(getenv_fn) {
+  values_.reserve(specs_.size());
+  for (const auto& spec : specs_)
+    values_.push_back({&spec, spec.default_value, OptionSource::kDefault});
+  reload();
+}
+
+Options& Options::global() {
+  static Options instance(builtin_specs(),
+                          [](const char* name) -> const char* { return std::getenv(name); });
+  return instance;
+}
+
+size_t Options::index_of(std::string_view name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name || specs_[i].env == name) return i;
+  std::vector<std::string> names;
+  for (const auto& spec : specs_) names.push_back(spec.name);
+  throw OptionError("no runtime option named '" + std::string(name) +
+                    "'; known options: " + join(names, ", ") + ".");
+}
+
+std::vector<OptionValue> Options::values() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return values_;
+}
+
+OptionValue Options::get(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return values_[index_of(name)];
+}
+
+std::string Options::typed(std::string_view name, OptionType a, OptionType b) const {
+  OptionValue v = get(name);
+  if (v.spec->type != a && v.spec->type != b)
+    throw OptionError("option '" + v.spec->name + "' is of type " + to_string(v.spec->type) +
+                      ", not " + to_string(a));
+  return v.value;
+}
+
+bool Options::get_bool(std::string_view name) const {
+  return typed(name, OptionType::kBool, OptionType::kBool) == "1";
+}
+
+int64_t Options::get_int(std::string_view name) const {
+  return std::stoll(typed(name, OptionType::kInt, OptionType::kInt));
+}
+
+std::string Options::get_string(std::string_view name) const {
+  OptionValue v = get(name);
+  if (v.spec->type == OptionType::kBool || v.spec->type == OptionType::kInt)
+    throw OptionError("option '" + v.spec->name + "' is of type " + to_string(v.spec->type) +
+                      ", not a string");
+  return v.value;
+}
+
+void Options::set(std::string_view name, std::string_view value) {
+  OptionValue changed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    OptionValue& v = values_[index_of(name)];
+    v.value = canonicalize(*v.spec, value, "the API: " + v.spec->name);
+    v.source = OptionSource::kApi;
+    changed = v;
+  }
+  notify({changed});
+}
+
+void Options::reload() {
+  // Validate every variable before changing anything, so one bad value leaves the registry intact.
+  std::vector<OptionValue> fresh;
+  for (const auto& spec : specs_) {
+    const char* raw = getenv_(spec.env.c_str());
+    if (raw == nullptr)
+      fresh.push_back({&spec, spec.default_value, OptionSource::kDefault});
+    else
+      fresh.push_back({&spec, canonicalize(spec, raw, spec.env), OptionSource::kEnv});
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    values_ = fresh;
+  }
+  notify(fresh);
+}
+
+void Options::add_listener(Listener listener) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  listeners_.push_back(listener);
+}
+
+void Options::notify(const std::vector<OptionValue>& changed) {
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listeners = listeners_;
+  }
+  for (const auto& v : changed)
+    for (Listener l : listeners) l(v);
+}
+
+}  // namespace graphtrain
