@@ -15,7 +15,7 @@ CMAKE := $(VENV)/bin/cmake
 SANITIZE ?= 0
 DEV_BUILD := build/dev
 ASAN_BUILD := build/asan
-APT_PACKAGES := g++ make libgtest-dev libprotobuf-dev protobuf-compiler libopenblas-serial-dev \
+APT_PACKAGES := g++ make libgtest-dev libprotobuf-dev protobuf-compiler libopenblas-pthread-dev \
 	clang-format
 
 VENV_STAMP := $(VENV)/.graphtrain-requirements

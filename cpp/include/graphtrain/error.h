@@ -19,3 +19,25 @@ class OptionError : public Error {
 };
 
 }  // namespace graphtrain
+
+namespace graphtrain {
+
+// A graph is malformed: dangling value, cycle, type mismatch, unsupported construct.
+class GraphError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A model file cannot be read or written.
+class ModelFileError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Run-time input does not match what the graph declares (name, dtype, rank, dims).
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace graphtrain

@@ -1,0 +1,134 @@
+#include "graphtrain/tensor.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "graphtrain/error.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+
+constexpr size_t kAlignment = 64;
+
+void count_alloc(int64_t bytes) {
+  int64_t now = g_current.fetch_add(bytes) + bytes;
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+}  // namespace
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) { return str_cat(shape); }
+
+MemoryStats memory_stats() { return {g_current.load(), g_peak.load()}; }
+void reset_peak_memory() { g_peak.store(g_current.load()); }
+
+std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr)
+    throw Error(str_cat("out of memory: cannot allocate ", bytes, " bytes for a tensor"));
+  count_alloc(static_cast<int64_t>(rounded));
+  return std::shared_ptr<Storage>(new Storage(p, rounded, nullptr));
+}
+
+std::shared_ptr<Storage> Storage::borrow(void* data, size_t bytes, std::function<void()> release) {
+  if (!release) release = [] {};
+  return std::shared_ptr<Storage>(new Storage(data, bytes, std::move(release)));
+}
+
+Storage::~Storage() {
+  if (release_) {
+    release_();
+  } else {
+    g_current.fetch_sub(static_cast<int64_t>(bytes_));
+    std::free(data_);
+  }
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  for (int64_t d : shape)
+    if (d < 0) throw Error("cannot create a tensor of shape " + shape_to_string(shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.storage_ = Storage::allocate(t.nbytes());
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t = empty(dtype, std::move(shape));
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, DType dtype, Shape shape, std::function<void()> release) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.storage_ = Storage::borrow(data, t.nbytes(), std::move(release));
+  return t;
+}
+
+Tensor Tensor::scalar_int64(int64_t v) {
+  Tensor t = empty(DType::kInt64, {});
+  *t.data<int64_t>() = v;
+  return t;
+}
+
+Tensor Tensor::view(Shape shape) const {
+  if (shape_numel(shape) != numel())
+    throw Error(str_cat("cannot view a tensor of shape ", shape_, " as shape ", shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice_view(int64_t begin_element, Shape shape) const {
+  if (begin_element < 0 || begin_element + shape_numel(shape) > numel())
+    throw Error(str_cat("slice of ", shape_numel(shape), " elements at ", begin_element,
+                        " is outside a tensor of ", numel()));
+  Tensor t = *this;
+  t.offset_ += static_cast<size_t>(begin_element) * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
+std::vector<int64_t> Tensor::to_int64_vector() const {
+  std::vector<int64_t> out(static_cast<size_t>(numel()));
+  switch (dtype_) {
+    case DType::kInt64:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = data<int64_t>()[i];
+      break;
+    case DType::kInt32:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = data<int32_t>()[i];
+      break;
+    default:
+      throw Error(str_cat("expected an integer tensor, got ", describe()));
+  }
+  return out;
+}
+
+std::string Tensor::describe() const { return str_cat(to_string(dtype_), shape_); }
+
+}  // namespace graphtrain

@@ -1,0 +1,272 @@
+// CPU kernels: unary math, binary arithmetic and comparison with broadcasting, Where, Cast, Not.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/common.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+constexpr DType F32 = DType::kFloat32;
+constexpr DType I64 = DType::kInt64;
+constexpr DType I32 = DType::kInt32;
+constexpr DType BOOL = DType::kBool;
+
+template <typename F>
+void unary_f32(KernelContext& ctx, int64_t cost, F f) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(ctx, x.numel(), cost, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) py[i] = f(px[i]);
+  });
+}
+
+template <typename T, typename F>
+void unary_typed(KernelContext& ctx, F f) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  parallel_for(ctx, x.numel(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) py[i] = f(px[i]);
+  });
+}
+
+// Arithmetic: float32, int64, int32 with the same semantics as numpy for the integer types
+// (Div on integers truncates toward zero, as ONNX specifies).
+template <template <typename> class Op>
+void arith(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() != b.dtype())
+    ctx.fail(str_cat("inputs must have the same element type, got ", to_string(a.dtype()), " and ",
+                     to_string(b.dtype())));
+  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
+  Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
+  switch (a.dtype()) {
+    case F32: binary_broadcast<float, float, float>(ctx, a, b, out, Op<float>{}); break;
+    case I64: binary_broadcast<int64_t, int64_t, int64_t>(ctx, a, b, out, Op<int64_t>{}); break;
+    case I32: binary_broadcast<int32_t, int32_t, int32_t>(ctx, a, b, out, Op<int32_t>{}); break;
+    default: ctx.fail("unsupported element type");
+  }
+}
+
+template <typename T> struct AddOp { T operator()(T x, T y) const { return x + y; } };
+template <typename T> struct SubOp { T operator()(T x, T y) const { return x - y; } };
+template <typename T> struct MulOp { T operator()(T x, T y) const { return x * y; } };
+template <typename T> struct DivOp { T operator()(T x, T y) const { return x / y; } };
+template <> struct DivOp<int64_t> {
+  int64_t operator()(int64_t x, int64_t y) const { return y == 0 ? 0 : x / y; }
+};
+template <> struct DivOp<int32_t> {
+  int32_t operator()(int32_t x, int32_t y) const { return y == 0 ? 0 : x / y; }
+};
+
+template <template <typename> class Cmp>
+void compare(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() != b.dtype())
+    ctx.fail(str_cat("inputs must have the same element type, got ", to_string(a.dtype()), " and ",
+                     to_string(b.dtype())));
+  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
+  Tensor& out = ctx.allocate_output(0, BOOL, shape_only.out_shape());
+  switch (a.dtype()) {
+    case F32: binary_broadcast<float, float, bool>(ctx, a, b, out, Cmp<float>{}); break;
+    case I64: binary_broadcast<int64_t, int64_t, bool>(ctx, a, b, out, Cmp<int64_t>{}); break;
+    case I32: binary_broadcast<int32_t, int32_t, bool>(ctx, a, b, out, Cmp<int32_t>{}); break;
+    case BOOL: binary_broadcast<bool, bool, bool>(ctx, a, b, out, Cmp<bool>{}); break;
+    default: ctx.fail("unsupported element type");
+  }
+}
+
+template <typename T> struct EqOp { bool operator()(T x, T y) const { return x == y; } };
+template <typename T> struct LtOp { bool operator()(T x, T y) const { return x < y; } };
+template <typename T> struct GtOp { bool operator()(T x, T y) const { return x > y; } };
+template <typename T> struct LeOp { bool operator()(T x, T y) const { return x <= y; } };
+template <typename T> struct GeOp { bool operator()(T x, T y) const { return x >= y; } };
+
+void pow_kernel(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
+  Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
+  auto p = [](float x, float y) {
+    if (y == 2.0f) return x * x;
+    if (y == 0.5f) return std::sqrt(x);
+    return std::pow(x, y);
+  };
+  if (b.dtype() == F32) {
+    binary_broadcast<float, float, float>(ctx, a, b, out, p);
+  } else if (b.dtype() == I64) {
+    binary_broadcast<float, int64_t, float>(ctx, a, b, out, [&](float x, int64_t y) {
+      return p(x, static_cast<float>(y));
+    });
+  } else {
+    ctx.fail("exponent must be float32 or int64");
+  }
+}
+
+void where_kernel(KernelContext& ctx) {
+  const Tensor& c = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& y = ctx.input(2);
+  if (c.dtype() != BOOL) ctx.fail("condition must be bool");
+  if (x.dtype() != y.dtype()) ctx.fail("X and Y must have the same element type");
+  Broadcaster bc(ctx, {&c.shape(), &x.shape(), &y.shape()});
+  Tensor& out = ctx.allocate_output(0, x.dtype(), bc.out_shape());
+  size_t es = dtype_size(x.dtype());
+  const bool* pc = c.data<bool>();
+  const char* px = static_cast<const char*>(x.raw_data());
+  const char* py = static_cast<const char*>(y.raw_data());
+  char* po = static_cast<char*>(out.raw_data());
+  int64_t inner = bc.inner();
+  int64_t s0 = bc.inner_stride(0), s1 = bc.inner_stride(1), s2 = bc.inner_stride(2);
+  auto body = [&](auto tag) {
+    using T = decltype(tag);
+    parallel_for(ctx, bc.rows(), inner, [&](int64_t lo, int64_t hi) {
+      int64_t off[3];
+      for (int64_t r = lo; r < hi; ++r) {
+        bc.offsets(r, off);
+        const bool* cc = pc + off[0];
+        const T* xx = reinterpret_cast<const T*>(px) + off[1];
+        const T* yy = reinterpret_cast<const T*>(py) + off[2];
+        T* o = reinterpret_cast<T*>(po) + r * inner;
+        for (int64_t i = 0; i < inner; ++i) o[i] = cc[i * s0] ? xx[i * s1] : yy[i * s2];
+      }
+    });
+  };
+  switch (es) {
+    case 1: body(uint8_t{}); break;
+    case 2: body(uint16_t{}); break;
+    case 4: body(uint32_t{}); break;
+    case 8: body(uint64_t{}); break;
+    default: ctx.fail("unsupported element size");
+  }
+}
+
+template <typename From, typename To>
+void convert(const Tensor& x, Tensor& y, KernelContext& ctx) {
+  const From* px = x.data<From>();
+  To* py = y.data<To>();
+  parallel_for(ctx, x.numel(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) py[i] = static_cast<To>(px[i]);
+  });
+}
+
+// Reads element i of a tensor of any supported type as double / writes from double.
+double load(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kFloat32: return t.data<float>()[i];
+    case DType::kFloat64: return t.data<double>()[i];
+    case DType::kFloat16: return half_to_float(t.data<uint16_t>()[i]);
+    case DType::kBFloat16: return bfloat16_to_float(t.data<uint16_t>()[i]);
+    case DType::kInt64: return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kInt32: return t.data<int32_t>()[i];
+    case DType::kInt8: return t.data<int8_t>()[i];
+    case DType::kUInt8: return t.data<uint8_t>()[i];
+    case DType::kBool: return t.data<bool>()[i] ? 1.0 : 0.0;
+    case DType::kUndefined: break;
+  }
+  return 0;
+}
+
+void store(Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
+    case DType::kFloat64: t.data<double>()[i] = v; break;
+    case DType::kFloat16: t.data<uint16_t>()[i] = float_to_half(static_cast<float>(v)); break;
+    case DType::kBFloat16: t.data<uint16_t>()[i] = float_to_bfloat16(static_cast<float>(v)); break;
+    case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
+    case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+    case DType::kBool: t.data<bool>()[i] = v != 0; break;
+    case DType::kUndefined: break;
+  }
+}
+
+void cast_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  DType to = from_onnx(static_cast<int>(ctx.node().attr(std::string("to"), Attribute::Kind::kInt).i));
+  if (to == DType::kUndefined) ctx.fail("unsupported target type");
+  if (to == x.dtype()) {
+    ctx.set_output(0, x);
+    return;
+  }
+  Tensor& y = ctx.allocate_output(0, to, x.shape());
+  // Fast paths for the common conversions; the general one goes through double.
+  if (x.dtype() == F32 && to == I64) return convert<float, int64_t>(x, y, ctx);
+  if (x.dtype() == I64 && to == F32) return convert<int64_t, float>(x, y, ctx);
+  if (x.dtype() == BOOL && to == F32) return convert<bool, float>(x, y, ctx);
+  if (x.dtype() == I64 && to == I32) return convert<int64_t, int32_t>(x, y, ctx);
+  if (x.dtype() == I32 && to == I64) return convert<int32_t, int64_t>(x, y, ctx);
+  parallel_for(ctx, x.numel(), 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) store(y, i, load(x, i));
+  });
+}
+
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+float gelu_tanh(float x) {
+  const float k = 0.79788456080286536f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+const bool registered = [] {
+  register_kernel("", "Add", {F32, I64, I32}, arith<AddOp>);
+  register_kernel("", "Sub", {F32, I64, I32}, arith<SubOp>);
+  register_kernel("", "Mul", {F32, I64, I32}, arith<MulOp>);
+  register_kernel("", "Div", {F32, I64, I32}, arith<DivOp>);
+  register_kernel("", "Pow", {F32}, pow_kernel);
+  register_kernel("", "Equal", {F32, I64, I32, BOOL}, compare<EqOp>);
+  register_kernel("", "Less", {F32, I64, I32}, compare<LtOp>);
+  register_kernel("", "Greater", {F32, I64, I32}, compare<GtOp>);
+  register_kernel("", "LessOrEqual", {F32, I64, I32}, compare<LeOp>);
+  register_kernel("", "GreaterOrEqual", {F32, I64, I32}, compare<GeOp>);
+  register_kernel("", "Where", {}, where_kernel, 1);
+  register_kernel("", "Cast", {}, cast_kernel);
+  register_kernel("", "Not", {BOOL}, [](KernelContext& ctx) {
+    unary_typed<bool>(ctx, [](bool b) { return !b; });
+  });
+  register_kernel("", "Sqrt", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return std::sqrt(x); }); });
+  register_kernel("", "Reciprocal", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
+  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::exp(x); }); });
+  register_kernel("", "Log", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); });
+  register_kernel("", "Tanh", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::tanh(x); }); });
+  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::erf(x); }); });
+  register_kernel("", "Sigmoid", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return 1.0f / (1.0f + std::exp(-x)); });
+  });
+  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return x > 0 ? x : 0.0f; }); });
+  register_kernel("", "LeakyRelu", {F32}, [](KernelContext& ctx) {
+    float alpha = ctx.node().attr_float("alpha", 0.01f);
+    unary_f32(ctx, 1, [alpha](float x) { return x >= 0 ? x : alpha * x; });
+  });
+  register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
+    std::string approx = ctx.node().attr_string("approximate", "none");
+    if (approx == "tanh") unary_f32(ctx, 10, gelu_tanh);
+    else if (approx == "none") unary_f32(ctx, 10, gelu_erf);
+    else ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+  });
+  register_kernel("", "Neg", {F32, I64, I32}, [](KernelContext& ctx) {
+    switch (ctx.input(0).dtype()) {
+      case F32: return unary_typed<float>(ctx, [](float x) { return -x; });
+      case I64: return unary_typed<int64_t>(ctx, [](int64_t x) { return -x; });
+      default: return unary_typed<int32_t>(ctx, [](int32_t x) { return -x; });
+    }
+  });
+  register_kernel("", "Abs", {F32, I64, I32}, [](KernelContext& ctx) {
+    switch (ctx.input(0).dtype()) {
+      case F32: return unary_typed<float>(ctx, [](float x) { return std::fabs(x); });
+      case I64: return unary_typed<int64_t>(ctx, [](int64_t x) { return x < 0 ? -x : x; });
+      default: return unary_typed<int32_t>(ctx, [](int32_t x) { return x < 0 ? -x : x; });
+    }
+  });
+  register_kernel("", "Identity", {}, [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu

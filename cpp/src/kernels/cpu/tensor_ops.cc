@@ -1,0 +1,467 @@
+// CPU kernels: ops that reshape, move, select or create data.
+#include <cmath>
+#include <cstring>
+
+#include "graphtrain/error.h"
+#include "kernels/cpu/common.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+constexpr DType I64 = DType::kInt64;
+
+std::vector<int64_t> int_input(KernelContext& ctx, size_t i) { return ctx.input(i).to_int64_vector(); }
+
+void reshape(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> target = int_input(ctx, 1);
+  bool allowzero = ctx.node().attr_int("allowzero", 0) != 0;
+  Shape out;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < target.size(); ++i) {
+    int64_t d = target[i];
+    if (d == -1) {
+      if (infer >= 0) ctx.fail("the target shape has more than one -1");
+      infer = static_cast<int>(i);
+      out.push_back(1);
+      continue;
+    }
+    if (d == 0 && !allowzero) {
+      if (i >= x.rank()) ctx.fail(str_cat("target dim ", i, " is 0 (copy) but the input has rank ", x.rank()));
+      d = x.dim(i);
+    }
+    if (d < 0) ctx.fail(str_cat("invalid target shape ", target));
+    out.push_back(d);
+    known *= d;
+  }
+  if (infer >= 0) {
+    if (known == 0 || x.numel() % known != 0)
+      ctx.fail(str_cat("cannot reshape ", x.numel(), " elements to ", target));
+    out[static_cast<size_t>(infer)] = x.numel() / known;
+  }
+  if (shape_numel(out) != x.numel())
+    ctx.fail(str_cat("cannot reshape ", x.describe(), " to ", out));
+  ctx.set_output(0, x.view(out));
+}
+
+void flatten(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  int64_t axis = ctx.node().attr_int("axis", 1);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis > rank) ctx.fail(str_cat("axis ", axis, " is out of range"));
+  int64_t outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.dim(static_cast<size_t>(i));
+  ctx.set_output(0, x.view({outer, outer ? x.numel() / outer : 0}));
+}
+
+std::vector<int64_t> axes_of(KernelContext& ctx) {
+  if (ctx.has_input(1)) return int_input(ctx, 1);
+  return ctx.node().attr_ints("axes");
+}
+
+void unsqueeze(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> axes = axes_of(ctx);
+  int64_t rank = static_cast<int64_t>(x.rank() + axes.size());
+  std::vector<bool> added(static_cast<size_t>(rank), false);
+  for (int64_t a : axes) {
+    int64_t n = axis_of(ctx, a, rank);
+    if (added[static_cast<size_t>(n)]) ctx.fail(str_cat("axis ", a, " is listed twice"));
+    added[static_cast<size_t>(n)] = true;
+  }
+  Shape out;
+  size_t src = 0;
+  for (int64_t i = 0; i < rank; ++i) out.push_back(added[static_cast<size_t>(i)] ? 1 : x.dim(src++));
+  ctx.set_output(0, x.view(out));
+}
+
+void squeeze(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> axes = axes_of(ctx);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  std::vector<bool> drop(x.rank(), axes.empty());
+  if (axes.empty())
+    for (size_t i = 0; i < x.rank(); ++i) drop[i] = x.dim(i) == 1;
+  for (int64_t a : axes) {
+    int64_t n = axis_of(ctx, a, rank);
+    if (x.dim(static_cast<size_t>(n)) != 1) ctx.fail(str_cat("cannot squeeze axis ", a, " of size ", x.dim(static_cast<size_t>(n))));
+    drop[static_cast<size_t>(n)] = true;
+  }
+  Shape out;
+  for (size_t i = 0; i < x.rank(); ++i)
+    if (!drop[i]) out.push_back(x.dim(i));
+  ctx.set_output(0, x.view(out));
+}
+
+// Copies `count` elements of size `es` from src with stride `stride` (elements) to dst densely.
+inline void gather_strided(char* dst, const char* src, int64_t count, int64_t stride, size_t es) {
+  switch (es) {
+    case 4: {
+      auto* d = reinterpret_cast<uint32_t*>(dst);
+      auto* s = reinterpret_cast<const uint32_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
+      break;
+    }
+    case 8: {
+      auto* d = reinterpret_cast<uint64_t*>(dst);
+      auto* s = reinterpret_cast<const uint64_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
+      break;
+    }
+    case 2: {
+      auto* d = reinterpret_cast<uint16_t*>(dst);
+      auto* s = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
+      break;
+    }
+    default:
+      for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * static_cast<int64_t>(es), src + i * stride * static_cast<int64_t>(es), es);
+  }
+}
+
+// Writes the output of a strided view of `x` (sizes `out_shape`, element strides `strides`, start
+// offset `base`) densely into `out`, parallel over rows.
+void copy_strided(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
+                  const std::vector<int64_t>& strides, int64_t base, Tensor& out) {
+  size_t es = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  size_t rank = out_shape.size();
+  if (rank == 0) {
+    std::memcpy(dst, src + base * static_cast<int64_t>(es), es);
+    return;
+  }
+  int64_t inner = out_shape.back();
+  int64_t inner_stride = strides.back();
+  int64_t rows = inner ? shape_numel(out_shape) / inner : 0;
+  parallel_for(ctx, rows, inner, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      int64_t rem = r, off = base;
+      for (size_t i = rank - 1; i-- > 0;) {
+        off += (rem % out_shape[i]) * strides[i];
+        rem /= out_shape[i];
+      }
+      char* d = dst + r * inner * static_cast<int64_t>(es);
+      const char* s = src + off * static_cast<int64_t>(es);
+      if (inner_stride == 1) std::memcpy(d, s, static_cast<size_t>(inner) * es);
+      else gather_strided(d, s, inner, inner_stride, es);
+    }
+  });
+}
+
+std::vector<int64_t> contiguous_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+void transpose(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> perm = ctx.node().attr_ints("perm");
+  if (perm.empty())
+    for (int64_t i = static_cast<int64_t>(x.rank()) - 1; i >= 0; --i) perm.push_back(i);
+  if (perm.size() != x.rank()) ctx.fail(str_cat("perm ", perm, " does not match rank ", x.rank()));
+  std::vector<int64_t> in_strides = contiguous_strides(x.shape());
+  Shape out_shape;
+  std::vector<int64_t> strides;
+  for (int64_t p : perm) {
+    int64_t a = axis_of(ctx, p, static_cast<int64_t>(x.rank()));
+    out_shape.push_back(x.dim(static_cast<size_t>(a)));
+    strides.push_back(in_strides[static_cast<size_t>(a)]);
+  }
+  Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
+  if (out.numel() == 0) return;
+  copy_strided(ctx, x, out_shape, strides, 0, out);
+}
+
+struct SliceAxis {
+  int64_t start, step, count;
+};
+
+SliceAxis clamp_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+  }
+  int64_t count = step > 0 ? (end - start + step - 1) / step : (start - end - step - 1) / (-step);
+  return {start, step, std::max<int64_t>(0, count)};
+}
+
+void slice(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> starts = int_input(ctx, 1), ends = int_input(ctx, 2);
+  if (starts.size() != ends.size()) ctx.fail("starts and ends differ in length");
+  std::vector<int64_t> axes, steps;
+  if (ctx.has_input(3)) axes = int_input(ctx, 3);
+  if (ctx.has_input(4)) steps = int_input(ctx, 4);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  std::vector<SliceAxis> ax(x.rank());
+  for (size_t i = 0; i < x.rank(); ++i) ax[i] = {0, 1, x.dim(i)};
+  for (size_t k = 0; k < starts.size(); ++k) {
+    int64_t a = axes.empty() ? static_cast<int64_t>(k) : axis_of(ctx, axes[k], rank);
+    int64_t step = steps.empty() ? 1 : steps[k];
+    if (step == 0) ctx.fail("a slice step is 0");
+    ax[static_cast<size_t>(a)] = clamp_slice(x.dim(static_cast<size_t>(a)), starts[k], ends[k], step);
+  }
+  std::vector<int64_t> in_strides = contiguous_strides(x.shape());
+  Shape out_shape;
+  std::vector<int64_t> strides;
+  int64_t base = 0;
+  for (size_t i = 0; i < x.rank(); ++i) {
+    out_shape.push_back(ax[i].count);
+    strides.push_back(in_strides[i] * ax[i].step);
+    base += ax[i].start * in_strides[i];
+  }
+  Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
+  if (out.numel() == 0) return;
+  copy_strided(ctx, x, out_shape, strides, base, out);
+}
+
+void gather(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  int64_t rank = static_cast<int64_t>(data.rank());
+  if (rank == 0) ctx.fail("data must have rank 1 or more");
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  std::vector<int64_t> indices = idx.to_int64_vector();
+  int64_t n = data.dim(static_cast<size_t>(axis));
+  for (int64_t& i : indices) {
+    if (i < -n || i >= n) ctx.fail(str_cat("index ", i, " is out of range for axis ", axis, " of size ", n));
+    if (i < 0) i += n;
+  }
+  Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
+  out_shape.insert(out_shape.end(), idx.shape().begin(), idx.shape().end());
+  out_shape.insert(out_shape.end(), data.shape().begin() + axis + 1, data.shape().end());
+  Tensor& out = ctx.allocate_output(0, data.dtype(), out_shape);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= data.dim(static_cast<size_t>(i));
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= data.dim(static_cast<size_t>(i));
+  size_t row_bytes = static_cast<size_t>(inner) * dtype_size(data.dtype());
+  const char* src = static_cast<const char*>(data.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  int64_t k = static_cast<int64_t>(indices.size());
+  parallel_for(ctx, outer * k, inner, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      int64_t o = r / k, j = r % k;
+      std::memcpy(dst + r * static_cast<int64_t>(row_bytes),
+                  src + (o * n + indices[static_cast<size_t>(j)]) * static_cast<int64_t>(row_bytes), row_bytes);
+    }
+  });
+}
+
+void concat(KernelContext& ctx) {
+  const Tensor& first = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(first.rank());
+  int64_t axis = axis_of(ctx, ctx.node().attr(std::string("axis"), Attribute::Kind::kInt).i, rank);
+  Shape out_shape = first.shape();
+  out_shape[static_cast<size_t>(axis)] = 0;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    if (t.rank() != first.rank() || t.dtype() != first.dtype())
+      ctx.fail(str_cat("input ", i, " is ", t.describe(), ", input 0 is ", first.describe()));
+    for (int64_t d = 0; d < rank; ++d)
+      if (d != axis && t.dim(static_cast<size_t>(d)) != first.dim(static_cast<size_t>(d)))
+        ctx.fail(str_cat("input ", i, " differs from input 0 outside axis ", axis));
+    out_shape[static_cast<size_t>(axis)] += t.dim(static_cast<size_t>(axis));
+  }
+  Tensor& out = ctx.allocate_output(0, first.dtype(), out_shape);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= out_shape[static_cast<size_t>(i)];
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= out_shape[static_cast<size_t>(i)];
+  size_t es = dtype_size(first.dtype());
+  int64_t out_row = out_shape[static_cast<size_t>(axis)] * inner * static_cast<int64_t>(es);
+  char* dst = static_cast<char*>(out.raw_data());
+  int64_t offset = 0;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    int64_t row = t.dim(static_cast<size_t>(axis)) * inner * static_cast<int64_t>(es);
+    const char* src = static_cast<const char*>(t.raw_data());
+    parallel_for(ctx, outer, row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o)
+        std::memcpy(dst + o * out_row + offset, src + o * row, static_cast<size_t>(row));
+    });
+    offset += row;
+  }
+}
+
+void split(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  int64_t dim = x.dim(static_cast<size_t>(axis));
+  size_t n = ctx.num_outputs();
+  std::vector<int64_t> sizes;
+  if (ctx.has_input(1)) sizes = int_input(ctx, 1);
+  else sizes = ctx.node().attr_ints("split");
+  if (sizes.empty()) {
+    int64_t chunk = (dim + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
+    for (size_t i = 0; i < n; ++i) sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - chunk * static_cast<int64_t>(i))));
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  if (sizes.size() != n || total != dim)
+    ctx.fail(str_cat("split sizes ", sizes, " do not cover axis ", axis, " of size ", dim, " in ", n, " outputs"));
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.dim(static_cast<size_t>(i));
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dim(static_cast<size_t>(i));
+  size_t es = dtype_size(x.dtype());
+  int64_t in_row = dim * inner * static_cast<int64_t>(es);
+  const char* src = static_cast<const char*>(x.raw_data());
+  int64_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Shape s = x.shape();
+    s[static_cast<size_t>(axis)] = sizes[i];
+    Tensor& out = ctx.allocate_output(i, x.dtype(), s);
+    int64_t row = sizes[i] * inner * static_cast<int64_t>(es);
+    char* dst = static_cast<char*>(out.raw_data());
+    for (int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
+    offset += row;
+  }
+}
+
+void expand(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> target = int_input(ctx, 1);
+  Shape tshape(target.begin(), target.end());
+  Broadcaster bc(ctx, {&x.shape(), &tshape});
+  Tensor& out = ctx.allocate_output(0, x.dtype(), bc.out_shape());
+  if (out.numel() == 0) return;
+  // The input's strides over the output dims (0 where broadcast).
+  const Shape& os = bc.out_shape();
+  std::vector<int64_t> strides(os.size(), 0);
+  std::vector<int64_t> in_strides = contiguous_strides(x.shape());
+  for (size_t i = 0; i < x.rank(); ++i) {
+    size_t o = os.size() - x.rank() + i;
+    strides[o] = x.dim(i) == 1 ? 0 : in_strides[i];
+  }
+  copy_strided(ctx, x, os, strides, 0, out);
+}
+
+void trilu(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() < 2) ctx.fail("input must have rank 2 or more");
+  int64_t k = ctx.has_input(1) ? int_input(ctx, 1).at(0) : 0;
+  bool upper = ctx.node().attr_int("upper", 1) != 0;
+  Tensor& out = ctx.allocate_output(0, x.dtype(), x.shape());
+  int64_t rows = x.dim(x.rank() - 2), cols = x.dim(x.rank() - 1);
+  int64_t mats = rows * cols != 0 ? x.numel() / (rows * cols) : 0;
+  size_t es = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  std::memset(dst, 0, out.nbytes());
+  for (int64_t m = 0; m < mats; ++m)
+    for (int64_t i = 0; i < rows; ++i) {
+      // upper keeps j >= i + k; lower keeps j <= i + k.
+      int64_t lo = upper ? std::clamp<int64_t>(i + k, 0, cols) : 0;
+      int64_t hi = upper ? cols : std::clamp<int64_t>(i + k + 1, 0, cols);
+      if (hi > lo) {
+        int64_t off = ((m * rows + i) * cols + lo) * static_cast<int64_t>(es);
+        std::memcpy(dst + off, src + off, static_cast<size_t>(hi - lo) * es);
+      }
+    }
+}
+
+Tensor constant_value(const Node& n) {
+  if (const Tensor* t = n.attr_tensor("value")) return *t;
+  if (n.has_attr("value_float")) {
+    Tensor t = Tensor::empty(DType::kFloat32, {});
+    *t.data<float>() = n.attr_float("value_float", 0);
+    return t;
+  }
+  if (n.has_attr("value_floats")) {
+    auto v = n.attr_floats("value_floats");
+    return Tensor::from_vector(DType::kFloat32, {static_cast<int64_t>(v.size())}, v);
+  }
+  if (n.has_attr("value_int")) return Tensor::scalar_int64(n.attr_int("value_int", 0));
+  if (n.has_attr("value_ints")) {
+    auto v = n.attr_ints("value_ints");
+    return Tensor::from_vector(I64, {static_cast<int64_t>(v.size())}, v);
+  }
+  throw Error(n.describe() + ": needs one of the attributes value, value_float(s), value_int(s)");
+}
+
+class ConstantKernel : public OpKernel {
+ public:
+  explicit ConstantKernel(const Node& n) : value_(constant_value(n)) {}
+  void compute(KernelContext& ctx) override { ctx.set_output(0, value_); }
+
+ private:
+  Tensor value_;
+};
+
+void constant_of_shape(KernelContext& ctx) {
+  std::vector<int64_t> dims = int_input(ctx, 0);
+  const Tensor* v = ctx.node().attr_tensor("value");
+  DType dtype = v ? v->dtype() : DType::kFloat32;
+  for (int64_t d : dims)
+    if (d < 0) ctx.fail(str_cat("negative dim in shape ", dims));
+  Tensor& out = ctx.allocate_output(0, dtype, Shape(dims.begin(), dims.end()));
+  size_t es = dtype_size(dtype);
+  char* dst = static_cast<char*>(out.raw_data());
+  if (!v) {
+    std::memset(dst, 0, out.nbytes());
+    return;
+  }
+  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(dst + i * static_cast<int64_t>(es), v->raw_data(), es);
+}
+
+void shape_op(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  int64_t start = ctx.node().attr_int("start", 0), end = ctx.node().attr_int("end", rank);
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, start, rank);
+  Tensor& out = ctx.allocate_output(0, I64, {end - start});
+  for (int64_t i = start; i < end; ++i) out.data<int64_t>()[i - start] = x.dim(static_cast<size_t>(i));
+}
+
+template <typename T>
+void range_typed(KernelContext& ctx) {
+  T start = ctx.input(0).data<T>()[0], limit = ctx.input(1).data<T>()[0], delta = ctx.input(2).data<T>()[0];
+  if (delta == 0) ctx.fail("delta is 0");
+  double n = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
+  int64_t count = std::max<int64_t>(0, static_cast<int64_t>(n));
+  Tensor& out = ctx.allocate_output(0, ctx.input(0).dtype(), {count});
+  T* p = out.data<T>();
+  for (int64_t i = 0; i < count; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * delta);
+}
+
+void range(KernelContext& ctx) {
+  switch (ctx.input(0).dtype()) {
+    case DType::kFloat32: return range_typed<float>(ctx);
+    case DType::kInt64: return range_typed<int64_t>(ctx);
+    case DType::kInt32: return range_typed<int32_t>(ctx);
+    default: ctx.fail("unsupported element type");
+  }
+}
+
+const bool registered = [] {
+  register_kernel("", "Reshape", {}, reshape);
+  register_kernel("", "Flatten", {}, flatten);
+  register_kernel("", "Unsqueeze", {}, unsqueeze);
+  register_kernel("", "Squeeze", {}, squeeze);
+  register_kernel("", "Transpose", {}, transpose);
+  register_kernel("", "Slice", {}, slice);
+  register_kernel("", "Gather", {}, gather);
+  register_kernel("", "Concat", {}, concat);
+  register_kernel("", "Split", {}, split);
+  register_kernel("", "Expand", {}, expand);
+  register_kernel("", "Trilu", {}, trilu);
+  register_kernel("", "ConstantOfShape", {}, constant_of_shape);
+  register_kernel("", "Shape", {}, shape_op);
+  register_kernel("", "Range", {DType::kFloat32, DType::kInt64, DType::kInt32}, range);
+  register_kernel(KernelDef{"", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu

@@ -1,0 +1,222 @@
+#include "graphtrain/session.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "graphtrain/error.h"
+#include "graphtrain/log.h"
+#include "graphtrain/onnx_io.h"
+#include "graphtrain/ops.h"
+#include "graphtrain/options.h"
+#include "graphtrain/strings.h"
+#include "graphtrain/thread_pool.h"
+#include "graphtrain/verifier.h"
+
+namespace graphtrain {
+
+struct Session::Plan {
+  struct Step {
+    Node* node;
+    std::vector<int> in;   // slot per input, -1 when absent
+    std::vector<int> out;  // slot per output, -1 when not requested
+    std::vector<int> release;  // slots whose last reader is this step
+    size_t type_input = 0;
+    DType kernel_dtype = DType::kUndefined;
+    std::unique_ptr<OpKernel> kernel;
+  };
+  std::vector<Step> steps;
+  size_t num_slots = 0;
+  std::vector<int> input_slots;
+  std::vector<int> output_slots;
+  std::vector<std::pair<int, Tensor>> constants;
+  bool memory_reported = false;
+};
+
+namespace {
+
+std::string list_ops(const std::vector<std::string>& ops) {
+  std::string out;
+  for (size_t i = 0; i < ops.size(); ++i) out += (i ? ", " : "") + ops[i];
+  return out;
+}
+
+}  // namespace
+
+Session::Session(const std::string& onnx_path, SessionOptions options)
+    : Session(load_onnx(onnx_path), std::move(options)) {}
+
+Session::Session(Graph graph, SessionOptions options)
+    : graph_(std::move(graph)), options_(std::move(options)), plan_(std::make_unique<Plan>()) {
+  verify(graph_);
+  infer_shapes(graph_);
+  Plan& plan = *plan_;
+  std::unordered_map<const Value*, int> slot;
+  auto slot_of = [&](const Value* v) {
+    auto [it, inserted] = slot.emplace(v, static_cast<int>(slot.size()));
+    return it->second;
+  };
+  for (Value* v : graph_.inputs()) plan.input_slots.push_back(slot_of(v));
+  for (Value* v : graph_.initializers()) plan.constants.emplace_back(slot_of(v), v->initializer);
+
+  std::vector<Node*> order = graph_.topological_order();
+  std::unordered_map<int, size_t> last_use;
+  for (Node* node : order) {
+    Plan::Step step;
+    step.node = node;
+    std::vector<DType> dtypes = kernel_dtypes(node->domain, node->op_type, options_.device);
+    if (dtypes.empty()) {
+      throw GraphError("graph '" + graph_.name + "': " + node->describe() + ": op " +
+                       node->qualified_op() + " has no " + options_.device +
+                       " kernel in graphtrain. Supported ops: " +
+                       list_ops(registered_ops(options_.device)));
+    }
+    const KernelDef* any = find_kernel(node->domain, node->op_type, options_.device, dtypes[0]);
+    step.type_input = any->type_input;
+    for (Value* in : node->inputs()) {
+      int s = in ? slot_of(in) : -1;
+      step.in.push_back(s);
+      if (s >= 0) last_use[s] = plan.steps.size();
+    }
+    for (Value* out : node->outputs()) step.out.push_back(out ? slot_of(out) : -1);
+    plan.steps.push_back(std::move(step));
+  }
+  for (Value* v : graph_.outputs()) plan.output_slots.push_back(slot_of(v));
+  plan.num_slots = slot.size();
+
+  std::vector<bool> keep(plan.num_slots, false);
+  for (int s : plan.output_slots) keep[static_cast<size_t>(s)] = true;
+  for (auto& [s, t] : plan.constants) keep[static_cast<size_t>(s)] = true;
+  for (auto [s, step] : last_use)
+    if (!keep[static_cast<size_t>(s)]) plan.steps[step].release.push_back(s);
+}
+
+Session::~Session() = default;
+
+std::vector<std::string> Session::input_names() const {
+  std::vector<std::string> out;
+  for (Value* v : graph_.inputs()) out.push_back(v->name());
+  return out;
+}
+
+std::vector<std::string> Session::output_names() const {
+  std::vector<std::string> out;
+  for (Value* v : graph_.outputs()) out.push_back(v->name());
+  return out;
+}
+
+std::vector<Tensor> Session::run(const std::map<std::string, Tensor>& feeds) {
+  std::vector<Tensor> inputs;
+  for (Value* v : graph_.inputs()) {
+    auto it = feeds.find(v->name());
+    if (it == feeds.end())
+      throw InputError("graph '" + graph_.name + "': input '" + v->name() + "' (" +
+                       v->type.to_string() + ") was not given");
+    inputs.push_back(it->second);
+  }
+  for (const auto& [name, t] : feeds) {
+    bool known = false;
+    for (Value* v : graph_.inputs()) known |= v->name() == name;
+    if (!known)
+      throw InputError("graph '" + graph_.name + "' has no input named '" + name +
+                       "'; its inputs are: " + list_ops(input_names()));
+  }
+  return run(inputs);
+}
+
+std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
+  Plan& plan = *plan_;
+  const auto& graph_inputs = graph_.inputs();
+  if (inputs.size() != graph_inputs.size())
+    throw InputError(str_cat("graph '", graph_.name, "' takes ", graph_inputs.size(),
+                             " inputs (", list_ops(input_names()), "), got ", inputs.size()));
+  // Check element types and bind symbolic dims, so a mismatch is named here, not deep in a kernel.
+  std::map<std::string, int64_t> bindings;
+  std::map<std::string, std::string> bound_by;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value* v = graph_inputs[i];
+    const Tensor& t = inputs[i];
+    if (!t.defined()) throw InputError("input '" + v->name() + "' is an undefined tensor");
+    if (v->type.dtype != DType::kUndefined && t.dtype() != v->type.dtype)
+      throw InputError("input '" + v->name() + "' must be " + to_string(v->type.dtype) + ", got " +
+                       t.describe());
+    if (!v->type.shape) continue;
+    const SymShape& shape = *v->type.shape;
+    if (shape.size() != t.rank())
+      throw InputError(str_cat("input '", v->name(), "' must have rank ", shape.size(), " (",
+                               v->type.to_string(), "), got ", t.describe()));
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const SymDim& dim = shape[d];
+      if (auto c = dim.constant()) {
+        if (*c != t.dim(d))
+          throw InputError(str_cat("input '", v->name(), "' dim ", d, " must be ", *c, " (",
+                                   v->type.to_string(), "), got ", t.describe()));
+      } else if (dim.is_symbol()) {
+        std::string sym = dim.to_string();
+        auto [it, inserted] = bindings.emplace(sym, t.dim(d));
+        if (inserted) {
+          bound_by[sym] = v->name();
+        } else if (it->second != t.dim(d)) {
+          throw InputError(str_cat("input '", v->name(), "' dim ", d, " ('", sym, "') is ",
+                                   t.dim(d), ", but input '", bound_by[sym], "' has '", sym,
+                                   "' = ", it->second));
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value* v = graph_inputs[i];
+    if (!v->type.shape) continue;
+    for (size_t d = 0; d < v->type.shape->size(); ++d) {
+      auto want = (*v->type.shape)[d].evaluate(bindings);
+      if (want && *want != inputs[i].dim(d))
+        throw InputError(str_cat("input '", v->name(), "' dim ", d, " must be ",
+                                 (*v->type.shape)[d].to_string(), " = ", *want, ", got ",
+                                 inputs[i].describe()));
+    }
+  }
+
+  std::vector<Tensor> slots(plan.num_slots);
+  for (size_t i = 0; i < inputs.size(); ++i) slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
+  for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
+  ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
+
+  for (Plan::Step& step : plan.steps) {
+    std::vector<const Tensor*> ins;
+    ins.reserve(step.in.size());
+    for (int s : step.in) ins.push_back(s >= 0 ? &slots[static_cast<size_t>(s)] : nullptr);
+    std::vector<Tensor*> outs;
+    outs.reserve(step.out.size());
+    for (int s : step.out) outs.push_back(s >= 0 ? &slots[static_cast<size_t>(s)] : nullptr);
+    DType dtype = step.type_input < ins.size() && ins[step.type_input] && ins[step.type_input]->defined()
+                      ? ins[step.type_input]->dtype()
+                      : DType::kUndefined;
+    if (!step.kernel || dtype != step.kernel_dtype) {
+      const KernelDef* def = find_kernel(step.node->domain, step.node->op_type, options_.device, dtype);
+      if (!def) {
+        std::vector<std::string> names;
+        for (DType d : kernel_dtypes(step.node->domain, step.node->op_type, options_.device))
+          names.push_back(to_string(d));
+        throw Error(str_cat(step.node->describe(), ": no ", options_.device, " kernel for element type ",
+                            to_string(dtype), " of input ", step.type_input, "; supported: ",
+                            list_ops(names)));
+      }
+      step.kernel = def->factory(*step.node);
+      step.kernel_dtype = dtype;
+    }
+    KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
+    step.kernel->compute(ctx);
+    for (int s : step.release) slots[static_cast<size_t>(s)] = Tensor();
+  }
+
+  std::vector<Tensor> result;
+  for (int s : plan.output_slots) result.push_back(slots[static_cast<size_t>(s)]);
+  if (!plan.memory_reported && Options::global().get_bool("print_memory_stats")) {
+    plan.memory_reported = true;
+    MemoryStats m = memory_stats();
+    GT_INFO("graph '", graph_.name, "': tensor memory now ", m.current_bytes, " bytes, peak ",
+            m.peak_bytes, " bytes");
+  }
+  return result;
+}
+
+}  // namespace graphtrain

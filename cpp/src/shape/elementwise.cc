@@ -1,0 +1,90 @@
+// Shape inference: elementwise ops (unary, binary with broadcasting, Where, Cast, Dropout).
+#include "graphtrain/ops.h"
+
+namespace graphtrain {
+namespace {
+
+void same_as_input(InferenceContext& ctx) {
+  const SymShape* s = ctx.input_shape(0);
+  ctx.set_output(0, ctx.input_dtype(0), s ? std::optional<SymShape>(*s) : std::nullopt);
+}
+
+std::optional<SymShape> broadcast_inputs(InferenceContext& ctx, size_t first, size_t count) {
+  std::optional<SymShape> out;
+  for (size_t i = first; i < first + count; ++i) {
+    const SymShape* s = ctx.input_shape(i);
+    if (!s) return std::nullopt;
+    out = out ? broadcast_shapes(ctx, *out, *s) : *s;
+  }
+  return out;
+}
+
+// Integer arithmetic on shape values keeps symbolic dims flowing into Reshape.
+void propagate_values(InferenceContext& ctx, char op) {
+  const auto* a = ctx.input_values(0);
+  const auto* b = ctx.input_values(1);
+  if (!a || !b || (a->size() != b->size() && a->size() != 1 && b->size() != 1)) return;
+  size_t n = std::max(a->size(), b->size());
+  std::vector<SymDim> out;
+  for (size_t i = 0; i < n; ++i) {
+    const SymDim& x = (*a)[a->size() == 1 ? 0 : i];
+    const SymDim& y = (*b)[b->size() == 1 ? 0 : i];
+    switch (op) {
+      case '+': out.push_back(x + y); break;
+      case '-': out.push_back(x - y); break;
+      case '*': out.push_back(x * y); break;
+      case '/': {
+        auto q = x.exact_div(y);
+        if (!q) return;
+        out.push_back(*q);
+        break;
+      }
+    }
+  }
+  ctx.set_output_values(0, std::move(out));
+}
+
+void binary(InferenceContext& ctx, DType out_dtype, char value_op) {
+  ctx.set_output(0, out_dtype, broadcast_inputs(ctx, 0, 2));
+  if (value_op) propagate_values(ctx, value_op);
+}
+
+const bool registered = [] {
+  for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
+                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Softmax", "LogSoftmax"})
+    register_shape_inferer("", op, same_as_input);
+  register_shape_inferer("", "Identity", [](InferenceContext& ctx) {
+    same_as_input(ctx);
+    if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
+  });
+  register_shape_inferer("", "Add", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '+'); });
+  register_shape_inferer("", "Sub", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '-'); });
+  register_shape_inferer("", "Mul", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '*'); });
+  register_shape_inferer("", "Div", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '/'); });
+  register_shape_inferer("", "Pow", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
+  for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
+    register_shape_inferer("", op, [](InferenceContext& ctx) { binary(ctx, DType::kBool, 0); });
+  register_shape_inferer("", "Where", [](InferenceContext& ctx) {
+    ctx.set_output(0, ctx.input_dtype(1), broadcast_inputs(ctx, 0, 3));
+  });
+  register_shape_inferer("", "Cast", [](InferenceContext& ctx) {
+    int64_t to = ctx.node().attr(std::string("to"), Attribute::Kind::kInt).i;
+    DType dtype = from_onnx(static_cast<int>(to));
+    if (dtype == DType::kUndefined)
+      ctx.fail(std::string("cannot cast to ") + onnx_type_name(static_cast<int>(to)));
+    const SymShape* s = ctx.input_shape(0);
+    ctx.set_output(0, dtype, s ? std::optional<SymShape>(*s) : std::nullopt);
+    if (is_integer(dtype))
+      if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
+  });
+  register_shape_inferer("", "Dropout", [](InferenceContext& ctx) {
+    const SymShape* s = ctx.input_shape(0);
+    std::optional<SymShape> shape = s ? std::optional<SymShape>(*s) : std::nullopt;
+    ctx.set_output(0, ctx.input_dtype(0), shape);
+    ctx.set_output(1, DType::kBool, shape);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain
