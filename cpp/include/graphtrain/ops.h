@@ -76,7 +76,9 @@ class KernelContext {
   const Node& node() const { return node_; }
   size_t num_inputs() const { return inputs_.size(); }
   size_t num_outputs() const { return outputs_.size(); }
-  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] && inputs_[i]->defined(); }
+  bool has_input(size_t i) const {
+    return i < inputs_.size() && inputs_[i] && inputs_[i]->defined();
+  }
   const Tensor& input(size_t i) const;
   bool output_requested(size_t i) const { return i < outputs_.size() && outputs_[i]; }
   // Allocates output i (or a scratch tensor when the output is not requested).
@@ -113,11 +115,15 @@ struct KernelDef {
 
 void register_kernel(KernelDef def);
 // A kernel that needs no per-node state.
-void register_kernel(const std::string& domain, const std::string& op_type, std::vector<DType> dtypes,
-                     std::function<void(KernelContext&)> fn, size_t type_input = 0);
+void register_kernel(const std::string& domain, const std::string& op_type,
+                     std::vector<DType> dtypes, std::function<void(KernelContext&)> fn,
+                     size_t type_input = 0);
 // The kernel for (op, dtype of the type input, device), or nullptr.
 const KernelDef* find_kernel(const std::string& domain, const std::string& op_type,
                              const std::string& device, DType dtype);
+// Any kernel of the op on the device (to check that the op is supported at all), or nullptr.
+const KernelDef* find_any_kernel(const std::string& domain, const std::string& op_type,
+                                 const std::string& device);
 // Every registered kernel's dtypes for an op on a device (for error messages).
 std::vector<DType> kernel_dtypes(const std::string& domain, const std::string& op_type,
                                  const std::string& device);

@@ -13,7 +13,7 @@ namespace graphtrain {
 
 class SymDim {
  public:
-  SymDim() = default;  // the constant 0
+  SymDim() = default;     // the constant 0
   SymDim(int64_t value);  // NOLINT: constants convert implicitly
   static SymDim symbol(std::string name);
   // A new symbol no other dim equals: for dims nothing is known about.

@@ -94,7 +94,8 @@ template <typename T>
 Tensor Tensor::from_vector(DType dtype, Shape shape, const std::vector<T>& values) {
   Tensor t = empty(dtype, std::move(shape));
   T* p = t.data<T>();
-  for (size_t i = 0; i < values.size() && static_cast<int64_t>(i) < t.numel(); ++i) p[i] = values[i];
+  for (size_t i = 0; i < values.size() && static_cast<int64_t>(i) < t.numel(); ++i)
+    p[i] = values[i];
   return t;
 }
 

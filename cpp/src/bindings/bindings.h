@@ -8,5 +8,6 @@ namespace graphtrain::bindings {
 void bind_errors(nanobind::module_& m);
 void bind_options(nanobind::module_& m);
 void bind_log(nanobind::module_& m);
+void bind_engine(nanobind::module_& m);
 
 }  // namespace graphtrain::bindings

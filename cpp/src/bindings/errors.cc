@@ -23,6 +23,12 @@ void bind_errors(nb::module_&) {
       std::rethrow_exception(p);
     } catch (const OptionError& e) {
       raise_python("OptionError", e.what());
+    } catch (const InputError& e) {
+      raise_python("InputError", e.what());
+    } catch (const ModelFileError& e) {
+      raise_python("ModelFileError", e.what());
+    } catch (const GraphError& e) {
+      raise_python("GraphError", e.what());
     } catch (const Error& e) {
       raise_python("GraphtrainError", e.what());
     }

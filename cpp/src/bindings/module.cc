@@ -5,4 +5,5 @@ NB_MODULE(_C, m) {
   graphtrain::bindings::bind_errors(m);
   graphtrain::bindings::bind_options(m);
   graphtrain::bindings::bind_log(m);
+  graphtrain::bindings::bind_engine(m);
 }

@@ -4,32 +4,52 @@ namespace graphtrain {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat64: return 8;
-    case DType::kInt64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt8: return 1;
-    case DType::kUInt8: return 1;
-    case DType::kBool: return 1;
-    case DType::kUndefined: return 0;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt8:
+      return 1;
+    case DType::kUInt8:
+      return 1;
+    case DType::kBool:
+      return 1;
+    case DType::kUndefined:
+      return 0;
   }
   return 0;
 }
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat64: return "float64";
-    case DType::kInt64: return "int64";
-    case DType::kInt32: return "int32";
-    case DType::kInt8: return "int8";
-    case DType::kUInt8: return "uint8";
-    case DType::kBool: return "bool";
-    case DType::kUndefined: return "undefined";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt64:
+      return "int64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kBool:
+      return "bool";
+    case DType::kUndefined:
+      return "undefined";
   }
   return "?";
 }
@@ -45,39 +65,59 @@ bool is_integer(DType d) {
 
 int to_onnx(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 1;
-    case DType::kUInt8: return 2;
-    case DType::kInt8: return 3;
-    case DType::kInt32: return 6;
-    case DType::kInt64: return 7;
-    case DType::kBool: return 9;
-    case DType::kFloat16: return 10;
-    case DType::kFloat64: return 11;
-    case DType::kBFloat16: return 16;
-    case DType::kUndefined: return 0;
+    case DType::kFloat32:
+      return 1;
+    case DType::kUInt8:
+      return 2;
+    case DType::kInt8:
+      return 3;
+    case DType::kInt32:
+      return 6;
+    case DType::kInt64:
+      return 7;
+    case DType::kBool:
+      return 9;
+    case DType::kFloat16:
+      return 10;
+    case DType::kFloat64:
+      return 11;
+    case DType::kBFloat16:
+      return 16;
+    case DType::kUndefined:
+      return 0;
   }
   return 0;
 }
 
 DType from_onnx(int code) {
   switch (code) {
-    case 1: return DType::kFloat32;
-    case 2: return DType::kUInt8;
-    case 3: return DType::kInt8;
-    case 6: return DType::kInt32;
-    case 7: return DType::kInt64;
-    case 9: return DType::kBool;
-    case 10: return DType::kFloat16;
-    case 11: return DType::kFloat64;
-    case 16: return DType::kBFloat16;
-    default: return DType::kUndefined;
+    case 1:
+      return DType::kFloat32;
+    case 2:
+      return DType::kUInt8;
+    case 3:
+      return DType::kInt8;
+    case 6:
+      return DType::kInt32;
+    case 7:
+      return DType::kInt64;
+    case 9:
+      return DType::kBool;
+    case 10:
+      return DType::kFloat16;
+    case 11:
+      return DType::kFloat64;
+    case 16:
+      return DType::kBFloat16;
+    default:
+      return DType::kUndefined;
   }
 }
 
 const char* onnx_type_name(int code) {
-  static const char* names[] = {"UNDEFINED", "FLOAT",  "UINT8",  "INT8",      "UINT16",
-                                "INT16",     "INT32",  "INT64",  "STRING",    "BOOL",
-                                "FLOAT16",   "DOUBLE", "UINT32", "UINT64",    "COMPLEX64",
+  static const char* names[] = {"UNDEFINED",  "FLOAT",   "UINT8",  "INT8",   "UINT16",
+                                "INT16",      "INT32",   "INT64",  "STRING", "BOOL",
+                                "FLOAT16",    "DOUBLE",  "UINT32", "UINT64", "COMPLEX64",
                                 "COMPLEX128", "BFLOAT16"};
   if (code >= 0 && code <= 16) return names[code];
   return "an 8-bit or smaller float/int type";

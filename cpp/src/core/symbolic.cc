@@ -25,7 +25,9 @@ SymDim SymDim::fresh(std::string_view hint) {
 
 namespace {
 
-bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_ident_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
 
 // term := factor ('*' factor)* ; factor := integer | identifier
 std::optional<SymDim> parse_term(std::string_view t) {
@@ -100,14 +102,19 @@ std::string SymDim::to_string() const {
   std::string out;
   // Constants last reads naturally: "seq + 1".
   auto emit = [&](const Monomial& mono, int64_t coef) {
-    if (!out.empty()) out += coef < 0 ? " - " : " + ";
-    else if (coef < 0) out += "-";
+    if (!out.empty())
+      out += coef < 0 ? " - " : " + ";
+    else if (coef < 0)
+      out += "-";
     int64_t a = coef < 0 ? -coef : coef;
     std::string m;
     for (const auto& s : mono) m += (m.empty() ? "" : "*") + s;
-    if (m.empty()) out += std::to_string(a);
-    else if (a == 1) out += m;
-    else out += std::to_string(a) + "*" + m;
+    if (m.empty())
+      out += std::to_string(a);
+    else if (a == 1)
+      out += m;
+    else
+      out += std::to_string(a) + "*" + m;
   };
   for (const auto& [mono, coef] : terms_)
     if (!mono.empty()) emit(mono, coef);

@@ -31,10 +31,16 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-std::string shape_to_string(const Shape& shape) { return str_cat(shape); }
+std::string shape_to_string(const Shape& shape) {
+  return str_cat(shape);
+}
 
-MemoryStats memory_stats() { return {g_current.load(), g_peak.load()}; }
-void reset_peak_memory() { g_peak.store(g_current.load()); }
+MemoryStats memory_stats() {
+  return {g_current.load(), g_peak.load()};
+}
+void reset_peak_memory() {
+  g_peak.store(g_current.load());
+}
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
@@ -129,6 +135,8 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
   return out;
 }
 
-std::string Tensor::describe() const { return str_cat(to_string(dtype_), shape_); }
+std::string Tensor::describe() const {
+  return str_cat(to_string(dtype_), shape_);
+}
 
 }  // namespace graphtrain

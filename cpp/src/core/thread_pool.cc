@@ -25,7 +25,9 @@ struct ThreadPool::Job {
   std::mutex error_mutex;
 };
 
-void pin_blas_to_one_thread() { openblas_set_num_threads(1); }
+void pin_blas_to_one_thread() {
+  openblas_set_num_threads(1);
+}
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
@@ -115,7 +117,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   t_inside_pool = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return job.finished.load() >= job.num_chunks && job.workers_inside == 0; });
+    done_.wait(lock,
+               [&] { return job.finished.load() >= job.num_chunks && job.workers_inside == 0; });
     job_ = nullptr;
   }
   if (job.error) std::rethrow_exception(job.error);

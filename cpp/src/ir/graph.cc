@@ -58,13 +58,20 @@ Attribute Attribute::of(std::vector<std::string> v) {
 
 const char* to_string(Attribute::Kind kind) {
   switch (kind) {
-    case Attribute::Kind::kFloat: return "float";
-    case Attribute::Kind::kInt: return "int";
-    case Attribute::Kind::kString: return "string";
-    case Attribute::Kind::kTensor: return "tensor";
-    case Attribute::Kind::kFloats: return "floats";
-    case Attribute::Kind::kInts: return "ints";
-    case Attribute::Kind::kStrings: return "strings";
+    case Attribute::Kind::kFloat:
+      return "float";
+    case Attribute::Kind::kInt:
+      return "int";
+    case Attribute::Kind::kString:
+      return "string";
+    case Attribute::Kind::kTensor:
+      return "tensor";
+    case Attribute::Kind::kFloats:
+      return "floats";
+    case Attribute::Kind::kInts:
+      return "ints";
+    case Attribute::Kind::kStrings:
+      return "strings";
   }
   return "?";
 }
@@ -98,7 +105,9 @@ const Tensor* Node::attr_tensor(const std::string& n) const {
   return has_attr(n) ? &attr(n, Attribute::Kind::kTensor).t : nullptr;
 }
 
-std::string Node::qualified_op() const { return domain.empty() ? op_type : domain + "::" + op_type; }
+std::string Node::qualified_op() const {
+  return domain.empty() ? op_type : domain + "::" + op_type;
+}
 
 std::string Node::describe() const {
   std::string out = "node '" + name + "' (" + qualified_op() + ")";
@@ -113,7 +122,8 @@ Value* Graph::find(std::string_view name) const {
 
 Value* Graph::get(std::string_view name) const {
   Value* v = find(name);
-  if (!v) throw GraphError("graph '" + this->name + "' has no value named '" + std::string(name) + "'");
+  if (!v)
+    throw GraphError("graph '" + this->name + "' has no value named '" + std::string(name) + "'");
   return v;
 }
 
@@ -152,7 +162,9 @@ Value* Graph::add_initializer(const std::string& name, Tensor tensor) {
   return v;
 }
 
-void Graph::add_output(Value* v) { outputs_.push_back(v); }
+void Graph::add_output(Value* v) {
+  outputs_.push_back(v);
+}
 
 Node* Graph::add_node(const std::string& op_type, const std::vector<Value*>& inputs,
                       const std::vector<std::string>& outputs, const std::string& domain,
@@ -191,8 +203,7 @@ void Graph::remove_node(Node* node) {
       throw GraphError("cannot remove " + node->describe() + ": its output '" + out->name() +
                        "' is still used");
   for (Value* in : node->inputs_)
-    if (in)
-      std::erase_if(in->uses_, [node](const auto& u) { return u.first == node; });
+    if (in) std::erase_if(in->uses_, [node](const auto& u) { return u.first == node; });
   for (Value* out : node->outputs_) {
     if (!out) continue;
     by_name_.erase(out->name());

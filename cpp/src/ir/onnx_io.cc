@@ -34,7 +34,8 @@ struct Reader {
     auto it = external_files.find(location);
     if (it != external_files.end()) return it->second;
     if (location.empty() || location[0] == '/' || location.find("..") != std::string::npos)
-      fail("external data location '" + location + "' must be a relative path inside the model's folder");
+      fail("external data location '" + location +
+           "' must be a relative path inside the model's folder");
     std::string path = (base_dir.empty() ? std::string(".") : base_dir) + "/" + location;
     try {
       return external_files[location] = read_file(path);
@@ -57,15 +58,19 @@ struct Reader {
     size_t n = static_cast<size_t>(out.numel());
     auto expect_count = [&](size_t got, const char* field) {
       if (got != n)
-        fail(str_cat(name, " of shape ", shape, " needs ", n, " values but ", field, " holds ", got));
+        fail(str_cat(name, " of shape ", shape, " needs ", n, " values but ", field, " holds ",
+                     got));
     };
     if (t.data_location() == 1) {
       std::string location;
       int64_t offset = 0, length = -1;
       for (const auto& kv : t.external_data()) {
-        if (kv.key() == "location") location = kv.value();
-        else if (kv.key() == "offset") offset = std::atoll(kv.value().c_str());
-        else if (kv.key() == "length") length = std::atoll(kv.value().c_str());
+        if (kv.key() == "location")
+          location = kv.value();
+        else if (kv.key() == "offset")
+          offset = std::atoll(kv.value().c_str());
+        else if (kv.key() == "length")
+          length = std::atoll(kv.value().c_str());
       }
       const std::string& file = external_file(location);
       if (length < 0) length = static_cast<int64_t>(nbytes);
@@ -122,7 +127,8 @@ struct Reader {
     if (!vi.has_type()) return out;
     const pb::Type& t = vi.type();
     if (!t.has_tensor_type())
-      fail("value '" + vi.name() + "' is not a tensor (sequence, map, optional or sparse values "
+      fail("value '" + vi.name() +
+           "' is not a tensor (sequence, map, optional or sparse values "
            "are not supported)");
     const auto& tt = t.tensor_type();
     out.dtype = from_onnx(tt.elem_type());
@@ -132,9 +138,12 @@ struct Reader {
     if (tt.has_shape()) {
       SymShape shape;
       for (const auto& d : tt.shape().dim()) {
-        if (d.has_dim_value()) shape.emplace_back(d.dim_value());
-        else if (d.has_dim_param() && !d.dim_param().empty()) shape.push_back(SymDim::parse(d.dim_param()));
-        else shape.push_back(SymDim::fresh("unk"));
+        if (d.has_dim_value())
+          shape.emplace_back(d.dim_value());
+        else if (d.has_dim_param() && !d.dim_param().empty())
+          shape.push_back(SymDim::parse(d.dim_param()));
+        else
+          shape.push_back(SymDim::fresh("unk"));
       }
       out.shape = shape;
     }
@@ -143,16 +152,24 @@ struct Reader {
 
   Attribute attribute(const pb::Attribute& a, const std::string& node) {
     if (!a.ref_attr_name().empty())
-      fail("node '" + node + "': attribute '" + a.name() + "' refers to a function attribute; "
+      fail("node '" + node + "': attribute '" + a.name() +
+           "' refers to a function attribute; "
            "model-local functions are not supported");
     switch (a.type()) {
-      case 1: return Attribute::of(a.f());
-      case 2: return Attribute::of(static_cast<int64_t>(a.i()));
-      case 3: return Attribute::of(a.s());
-      case 4: return Attribute::of(tensor(a.t(), "attribute '" + a.name() + "' tensor"));
-      case 6: return Attribute::of(std::vector<float>(a.floats().begin(), a.floats().end()));
-      case 7: return Attribute::of(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
-      case 8: return Attribute::of(std::vector<std::string>(a.strings().begin(), a.strings().end()));
+      case 1:
+        return Attribute::of(a.f());
+      case 2:
+        return Attribute::of(static_cast<int64_t>(a.i()));
+      case 3:
+        return Attribute::of(a.s());
+      case 4:
+        return Attribute::of(tensor(a.t(), "attribute '" + a.name() + "' tensor"));
+      case 6:
+        return Attribute::of(std::vector<float>(a.floats().begin(), a.floats().end()));
+      case 7:
+        return Attribute::of(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+      case 8:
+        return Attribute::of(std::vector<std::string>(a.strings().begin(), a.strings().end()));
       case 5:
       case 10:
         fail("node '" + node + "': attribute '" + a.name() +
@@ -183,7 +200,8 @@ struct Reader {
     std::unordered_set<std::string> init_names;
     for (const auto& t : pg.initializer()) {
       if (t.name().empty()) fail("an initializer has no name");
-      if (!init_names.insert(t.name()).second) fail("initializer '" + t.name() + "' is defined twice");
+      if (!init_names.insert(t.name()).second)
+        fail("initializer '" + t.name() + "' is defined twice");
       g.add_initializer(t.name(), tensor(t, "initializer"));
     }
     for (const auto& vi : pg.input()) {
@@ -236,7 +254,8 @@ struct Reader {
       for (const auto& kv : pn.metadata_props())
         if (kv.key() == "graphtrain.scope") node->scope = kv.value();
       ++added;
-      for (auto it = users[static_cast<size_t>(i)].rbegin(); it != users[static_cast<size_t>(i)].rend(); ++it)
+      for (auto it = users[static_cast<size_t>(i)].rbegin();
+           it != users[static_cast<size_t>(i)].rend(); ++it)
         if (--pending[static_cast<size_t>(*it)] == 0) ready.push_back(*it);
     }
     if (added != n) {
@@ -276,18 +295,32 @@ void write_type(const TensorType& type, pb::ValueInfo* out) {
   auto* shape = tt->mutable_shape();
   for (const SymDim& d : *type.shape) {
     auto* dim = shape->add_dim();
-    if (auto c = d.constant()) dim->set_dim_value(*c);
-    else dim->set_dim_param(d.to_string());
+    if (auto c = d.constant())
+      dim->set_dim_value(*c);
+    else
+      dim->set_dim_param(d.to_string());
   }
 }
 
 void write_attribute(const std::string& name, const Attribute& a, pb::Attribute* out) {
   out->set_name(name);
   switch (a.kind) {
-    case Attribute::Kind::kFloat: out->set_type(1); out->set_f(a.f); break;
-    case Attribute::Kind::kInt: out->set_type(2); out->set_i(a.i); break;
-    case Attribute::Kind::kString: out->set_type(3); out->set_s(a.s); break;
-    case Attribute::Kind::kTensor: out->set_type(4); write_tensor(a.t, "", out->mutable_t()); break;
+    case Attribute::Kind::kFloat:
+      out->set_type(1);
+      out->set_f(a.f);
+      break;
+    case Attribute::Kind::kInt:
+      out->set_type(2);
+      out->set_i(a.i);
+      break;
+    case Attribute::Kind::kString:
+      out->set_type(3);
+      out->set_s(a.s);
+      break;
+    case Attribute::Kind::kTensor:
+      out->set_type(4);
+      write_tensor(a.t, "", out->mutable_t());
+      break;
     case Attribute::Kind::kFloats:
       out->set_type(6);
       for (float f : a.floats) out->add_floats(f);
@@ -363,8 +396,9 @@ pb::Model to_proto(const Graph& g) {
 
 Graph parse_onnx(const std::string& bytes, const std::string& origin, const std::string& base_dir) {
   pb::Model model;
-  google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                                static_cast<int>(std::min<size_t>(bytes.size(), INT_MAX)));
+  google::protobuf::io::CodedInputStream stream(
+      reinterpret_cast<const uint8_t*>(bytes.data()),
+      static_cast<int>(std::min<size_t>(bytes.size(), INT_MAX)));
   stream.SetTotalBytesLimit(INT_MAX);
   if (bytes.empty() || !model.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
     throw ModelFileError("ONNX model '" + origin + "': the file is not a valid ONNX protobuf (" +
@@ -373,12 +407,15 @@ Graph parse_onnx(const std::string& bytes, const std::string& origin, const std:
   return reader.graph(model);
 }
 
-Graph load_onnx(const std::string& path) { return parse_onnx(read_file(path), path, parent_dir(path)); }
+Graph load_onnx(const std::string& path) {
+  return parse_onnx(read_file(path), path, parent_dir(path));
+}
 
 std::string serialize_onnx(const Graph& g) {
   std::string out;
   if (!to_proto(g).SerializeToString(&out))
-    throw ModelFileError("graph '" + g.name + "' cannot be serialized (over 2 GB? save it to a file "
+    throw ModelFileError("graph '" + g.name +
+                         "' cannot be serialized (over 2 GB? save it to a file "
                          "with external data)");
   return out;
 }

@@ -11,9 +11,9 @@ namespace {
 
 // Standard ops whose listed inputs share one element type ("T" in the ONNX schemas).
 const std::set<std::string>& same_type_ops() {
-  static const std::set<std::string> ops = {"Add", "Sub",   "Mul",  "Div",     "Pow_",  "MatMul",
-                                            "Gemm", "Concat", "Equal", "Less",  "Greater", "Max",
-                                            "Min", "Sum",   "Mean", "LessOrEqual", "GreaterOrEqual"};
+  static const std::set<std::string> ops = {
+      "Add",  "Sub",     "Mul", "Div", "Pow_", "MatMul", "Gemm",        "Concat",        "Equal",
+      "Less", "Greater", "Max", "Min", "Sum",  "Mean",   "LessOrEqual", "GreaterOrEqual"};
   return ops;
 }
 
@@ -29,7 +29,8 @@ void verify(const Graph& graph) {
       if (!in) continue;
       if (!available.count(in))
         throw GraphError(str_cat("graph '", graph.name, "': ", n->describe(), " input ", i, " '",
-                                 in->name(), "' is dangling: no node, graph input or initializer "
+                                 in->name(),
+                                 "' is dangling: no node, graph input or initializer "
                                  "produces it"));
     }
     if (n->domain.empty() && same_type_ops().count(n->op_type)) {

@@ -13,7 +13,8 @@ namespace {
 struct Registry {
   std::mutex mutex;
   // (device, domain, op) -> kernels, each for some dtypes
-  std::map<std::tuple<std::string, std::string, std::string>, std::list<KernelDef>> kernels;  // a list: pointers stay valid
+  std::map<std::tuple<std::string, std::string, std::string>, std::list<KernelDef>>
+      kernels;  // a list: pointers stay valid
 };
 
 Registry& registry() {
@@ -89,6 +90,14 @@ const KernelDef* find_kernel(const std::string& domain, const std::string& op_ty
   return nullptr;
 }
 
+const KernelDef* find_any_kernel(const std::string& domain, const std::string& op_type,
+                                 const std::string& device) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.kernels.find({device, domain == "ai.onnx" ? "" : domain, op_type});
+  return it == r.kernels.end() || it->second.empty() ? nullptr : &it->second.front();
+}
+
 std::vector<DType> kernel_dtypes(const std::string& domain, const std::string& op_type,
                                  const std::string& device) {
   Registry& r = registry();
@@ -96,7 +105,8 @@ std::vector<DType> kernel_dtypes(const std::string& domain, const std::string& o
   std::vector<DType> out;
   auto it = r.kernels.find({device, domain == "ai.onnx" ? "" : domain, op_type});
   if (it != r.kernels.end())
-    for (const KernelDef& def : it->second) out.insert(out.end(), def.dtypes.begin(), def.dtypes.end());
+    for (const KernelDef& def : it->second)
+      out.insert(out.end(), def.dtypes.begin(), def.dtypes.end());
   return out;
 }
 

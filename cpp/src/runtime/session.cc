@@ -17,8 +17,8 @@ namespace graphtrain {
 struct Session::Plan {
   struct Step {
     Node* node;
-    std::vector<int> in;   // slot per input, -1 when absent
-    std::vector<int> out;  // slot per output, -1 when not requested
+    std::vector<int> in;       // slot per input, -1 when absent
+    std::vector<int> out;      // slot per output, -1 when not requested
     std::vector<int> release;  // slots whose last reader is this step
     size_t type_input = 0;
     DType kernel_dtype = DType::kUndefined;
@@ -63,14 +63,13 @@ Session::Session(Graph graph, SessionOptions options)
   for (Node* node : order) {
     Plan::Step step;
     step.node = node;
-    std::vector<DType> dtypes = kernel_dtypes(node->domain, node->op_type, options_.device);
-    if (dtypes.empty()) {
-      throw GraphError("graph '" + graph_.name + "': " + node->describe() + ": op " +
-                       node->qualified_op() + " has no " + options_.device +
-                       " kernel in graphtrain. Supported ops: " +
-                       list_ops(registered_ops(options_.device)));
+    const KernelDef* any = find_any_kernel(node->domain, node->op_type, options_.device);
+    if (!any) {
+      throw GraphError(
+          "graph '" + graph_.name + "': " + node->describe() + ": op " + node->qualified_op() +
+          " has no " + options_.device +
+          " kernel in graphtrain. Supported ops: " + list_ops(registered_ops(options_.device)));
     }
-    const KernelDef* any = find_kernel(node->domain, node->op_type, options_.device, dtypes[0]);
     step.type_input = any->type_input;
     for (Value* in : node->inputs()) {
       int s = in ? slot_of(in) : -1;
@@ -127,8 +126,8 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   Plan& plan = *plan_;
   const auto& graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
-    throw InputError(str_cat("graph '", graph_.name, "' takes ", graph_inputs.size(),
-                             " inputs (", list_ops(input_names()), "), got ", inputs.size()));
+    throw InputError(str_cat("graph '", graph_.name, "' takes ", graph_inputs.size(), " inputs (",
+                             list_ops(input_names()), "), got ", inputs.size()));
   // Check element types and bind symbolic dims, so a mismatch is named here, not deep in a kernel.
   std::map<std::string, int64_t> bindings;
   std::map<std::string, std::string> bound_by;
@@ -176,7 +175,8 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   }
 
   std::vector<Tensor> slots(plan.num_slots);
-  for (size_t i = 0; i < inputs.size(); ++i) slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
+  for (size_t i = 0; i < inputs.size(); ++i)
+    slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
   for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
   ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
 
@@ -187,18 +187,20 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
     std::vector<Tensor*> outs;
     outs.reserve(step.out.size());
     for (int s : step.out) outs.push_back(s >= 0 ? &slots[static_cast<size_t>(s)] : nullptr);
-    DType dtype = step.type_input < ins.size() && ins[step.type_input] && ins[step.type_input]->defined()
-                      ? ins[step.type_input]->dtype()
-                      : DType::kUndefined;
+    DType dtype =
+        step.type_input < ins.size() && ins[step.type_input] && ins[step.type_input]->defined()
+            ? ins[step.type_input]->dtype()
+            : DType::kUndefined;
     if (!step.kernel || dtype != step.kernel_dtype) {
-      const KernelDef* def = find_kernel(step.node->domain, step.node->op_type, options_.device, dtype);
+      const KernelDef* def =
+          find_kernel(step.node->domain, step.node->op_type, options_.device, dtype);
       if (!def) {
         std::vector<std::string> names;
         for (DType d : kernel_dtypes(step.node->domain, step.node->op_type, options_.device))
           names.push_back(to_string(d));
-        throw Error(str_cat(step.node->describe(), ": no ", options_.device, " kernel for element type ",
-                            to_string(dtype), " of input ", step.type_input, "; supported: ",
-                            list_ops(names)));
+        throw Error(str_cat(step.node->describe(), ": no ", options_.device,
+                            " kernel for element type ", to_string(dtype), " of input ",
+                            step.type_input, "; supported: ", list_ops(names)));
       }
       step.kernel = def->factory(*step.node);
       step.kernel_dtype = dtype;

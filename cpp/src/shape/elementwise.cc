@@ -30,9 +30,15 @@ void propagate_values(InferenceContext& ctx, char op) {
     const SymDim& x = (*a)[a->size() == 1 ? 0 : i];
     const SymDim& y = (*b)[b->size() == 1 ? 0 : i];
     switch (op) {
-      case '+': out.push_back(x + y); break;
-      case '-': out.push_back(x - y); break;
-      case '*': out.push_back(x * y); break;
+      case '+':
+        out.push_back(x + y);
+        break;
+      case '-':
+        out.push_back(x - y);
+        break;
+      case '*':
+        out.push_back(x * y);
+        break;
       case '/': {
         auto q = x.exact_div(y);
         if (!q) return;
@@ -57,11 +63,16 @@ const bool registered = [] {
     same_as_input(ctx);
     if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
   });
-  register_shape_inferer("", "Add", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '+'); });
-  register_shape_inferer("", "Sub", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '-'); });
-  register_shape_inferer("", "Mul", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '*'); });
-  register_shape_inferer("", "Div", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '/'); });
-  register_shape_inferer("", "Pow", [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
+  register_shape_inferer("", "Add",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '+'); });
+  register_shape_inferer("", "Sub",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '-'); });
+  register_shape_inferer("", "Mul",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '*'); });
+  register_shape_inferer("", "Div",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '/'); });
+  register_shape_inferer("", "Pow",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
   for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { binary(ctx, DType::kBool, 0); });
   register_shape_inferer("", "Where", [](InferenceContext& ctx) {

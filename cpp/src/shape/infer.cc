@@ -19,7 +19,9 @@ Registry& registry() {
   return r;
 }
 
-std::string key_domain(const std::string& d) { return d == "ai.onnx" ? "" : d; }
+std::string key_domain(const std::string& d) {
+  return d == "ai.onnx" ? "" : d;
+}
 
 // The producer of a value when it is a Constant node with a tensor.
 const Tensor* constant_of(const Value* v) {
@@ -43,7 +45,9 @@ const SymShape* InferenceContext::input_shape(size_t i) const {
   return v && v->type.shape ? &*v->type.shape : nullptr;
 }
 
-const Tensor* InferenceContext::input_constant(size_t i) const { return constant_of(node_.input(i)); }
+const Tensor* InferenceContext::input_constant(size_t i) const {
+  return constant_of(node_.input(i));
+}
 
 const std::vector<SymDim>* InferenceContext::input_values(size_t i) const {
   const Value* v = node_.input(i);
@@ -76,7 +80,8 @@ void InferenceContext::fail(const std::string& message) const {
   throw GraphError("shape inference, " + node_.describe() + ": " + message);
 }
 
-void register_shape_inferer(const std::string& domain, const std::string& op_type, ShapeInferer fn) {
+void register_shape_inferer(const std::string& domain, const std::string& op_type,
+                            ShapeInferer fn) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.inferers[{key_domain(domain), op_type}] = std::move(fn);
@@ -112,17 +117,30 @@ SymShape broadcast_shapes(const InferenceContext& ctx, const SymShape& a, const 
   for (size_t i = 0; i < rank; ++i) {
     const SymDim* da = i < rank - a.size() ? nullptr : &a[i - (rank - a.size())];
     const SymDim* db = i < rank - b.size() ? nullptr : &b[i - (rank - b.size())];
-    if (!da) { out[i] = *db; continue; }
-    if (!db) { out[i] = *da; continue; }
+    if (!da) {
+      out[i] = *db;
+      continue;
+    }
+    if (!db) {
+      out[i] = *da;
+      continue;
+    }
     auto ca = da->constant(), cb = db->constant();
-    if (*da == *db) out[i] = *da;
-    else if (ca && *ca == 1) out[i] = *db;
-    else if (cb && *cb == 1) out[i] = *da;
+    if (*da == *db)
+      out[i] = *da;
+    else if (ca && *ca == 1)
+      out[i] = *db;
+    else if (cb && *cb == 1)
+      out[i] = *da;
     else if (ca && cb)
-      ctx.fail("cannot broadcast shapes " + sym_shape_to_string(a) + " and " + sym_shape_to_string(b));
-    else if (ca) out[i] = *da;  // the symbolic side must be 1 or equal to the constant
-    else if (cb) out[i] = *db;
-    else out[i] = SymDim::fresh("bcast");
+      ctx.fail("cannot broadcast shapes " + sym_shape_to_string(a) + " and " +
+               sym_shape_to_string(b));
+    else if (ca)
+      out[i] = *da;  // the symbolic side must be 1 or equal to the constant
+    else if (cb)
+      out[i] = *db;
+    else
+      out[i] = SymDim::fresh("bcast");
   }
   return out;
 }

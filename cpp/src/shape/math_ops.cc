@@ -9,8 +9,7 @@ namespace {
 
 void check_same(const InferenceContext& ctx, const SymDim& a, const SymDim& b, const char* what) {
   auto ca = a.constant(), cb = b.constant();
-  if (ca && cb && *ca != *cb)
-    ctx.fail(str_cat(what, " differ: ", *ca, " and ", *cb));
+  if (ca && cb && *ca != *cb) ctx.fail(str_cat(what, " differ: ", *ca, " and ", *cb));
 }
 
 void matmul(InferenceContext& ctx) {
@@ -24,7 +23,8 @@ void matmul(InferenceContext& ctx) {
   if (a_vec) sa.insert(sa.begin(), SymDim(1));
   if (b_vec) sb.push_back(SymDim(1));
   check_same(ctx, sa.back(), sb[sb.size() - 2], "inner dimensions");
-  SymShape batch = broadcast_shapes(ctx, SymShape(sa.begin(), sa.end() - 2), SymShape(sb.begin(), sb.end() - 2));
+  SymShape batch =
+      broadcast_shapes(ctx, SymShape(sa.begin(), sa.end() - 2), SymShape(sb.begin(), sb.end() - 2));
   SymShape out = batch;
   if (!a_vec) out.push_back(sa[sa.size() - 2]);
   if (!b_vec) out.push_back(sb.back());
@@ -76,8 +76,10 @@ void reduce(InferenceContext& ctx) {
   for (int64_t a : axes) reduced[static_cast<size_t>(normalize_axis(ctx, a, rank))] = true;
   SymShape out;
   for (size_t i = 0; i < in->size(); ++i) {
-    if (!reduced[i]) out.push_back((*in)[i]);
-    else if (keep) out.emplace_back(1);
+    if (!reduced[i])
+      out.push_back((*in)[i]);
+    else if (keep)
+      out.emplace_back(1);
   }
   ctx.set_output(0, dtype, out);
 }
@@ -106,7 +108,8 @@ void softmax_cross_entropy(InferenceContext& ctx) {
   if (reduction != "mean" && reduction != "sum" && reduction != "none")
     ctx.fail("reduction must be none, sum or mean, not '" + reduction + "'");
   if (!scores) {
-    ctx.set_output(0, dtype, reduction == "none" ? std::nullopt : std::optional<SymShape>(SymShape{}));
+    ctx.set_output(0, dtype,
+                   reduction == "none" ? std::nullopt : std::optional<SymShape>(SymShape{}));
     ctx.set_output(1, dtype, std::nullopt);
     return;
   }
@@ -132,11 +135,13 @@ Window window(const InferenceContext& ctx, size_t spatial, const std::vector<int
   w.pads = n.attr_ints("pads", std::vector<int64_t>(2 * spatial, 0));
   if (w.kernel.size() != spatial || w.strides.size() != spatial || w.dilations.size() != spatial ||
       w.pads.size() != 2 * spatial)
-    ctx.fail(str_cat("kernel_shape, strides, dilations and pads must cover ", spatial, " spatial dims"));
+    ctx.fail(
+        str_cat("kernel_shape, strides, dilations and pads must cover ", spatial, " spatial dims"));
   return w;
 }
 
-SymDim window_out(const InferenceContext& ctx, const SymDim& in, const Window& w, size_t i, bool ceil_mode) {
+SymDim window_out(const InferenceContext& ctx, const SymDim& in, const Window& w, size_t i,
+                  bool ceil_mode) {
   auto c = in.constant();
   std::string pad = ctx.node().attr_string("auto_pad", "NOTSET");
   if (!c) return SymDim::fresh("conv");
@@ -144,7 +149,8 @@ SymDim window_out(const InferenceContext& ctx, const SymDim& in, const Window& w
   if (pad == "SAME_UPPER" || pad == "SAME_LOWER") return (*c + w.strides[i] - 1) / w.strides[i];
   if (pad == "VALID") return (*c - eff) / w.strides[i] + 1;
   int64_t span = *c + w.pads[i] + w.pads[i + w.kernel.size()] - eff;
-  if (span < 0) ctx.fail(str_cat("the window (", eff, ") is larger than the padded input (", *c, ")"));
+  if (span < 0)
+    ctx.fail(str_cat("the window (", eff, ") is larger than the padded input (", *c, ")"));
   int64_t out = (ceil_mode ? (span + w.strides[i] - 1) / w.strides[i] : span / w.strides[i]) + 1;
   // With ceil_mode, the last window must start inside the input or left padding.
   if (ceil_mode && (out - 1) * w.strides[i] >= *c + w.pads[i]) --out;
@@ -156,7 +162,8 @@ void conv(InferenceContext& ctx) {
   const SymShape* wt = ctx.input_shape(1);
   DType dtype = ctx.input_dtype(0);
   if (!x || !wt) return ctx.set_output(0, dtype, std::nullopt);
-  if (x->size() < 3 || x->size() != wt->size()) ctx.fail("X and W must have the same rank, 3 or more");
+  if (x->size() < 3 || x->size() != wt->size())
+    ctx.fail("X and W must have the same rank, 3 or more");
   size_t spatial = x->size() - 2;
   std::vector<int64_t> kernel = ctx.node().attr_ints("kernel_shape");
   if (kernel.empty())
@@ -181,7 +188,8 @@ void pool(InferenceContext& ctx) {
   if (!x) return ctx.set_output(0, dtype, std::nullopt);
   if (x->size() < 3) ctx.fail("X must have rank 3 or more");
   size_t spatial = x->size() - 2;
-  Window w = window(ctx, spatial, ctx.node().attr(std::string("kernel_shape"), Attribute::Kind::kInts).ints);
+  Window w = window(ctx, spatial,
+                    ctx.node().attr(std::string("kernel_shape"), Attribute::Kind::kInts).ints);
   bool ceil_mode = ctx.node().attr_int("ceil_mode", 0) != 0;
   SymShape out{(*x)[0], (*x)[1]};
   for (size_t i = 0; i < spatial; ++i) out.push_back(window_out(ctx, (*x)[i + 2], w, i, ceil_mode));

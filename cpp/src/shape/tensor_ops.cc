@@ -8,7 +8,9 @@
 namespace graphtrain {
 namespace {
 
-SymShape to_sym(const Shape& s) { return SymShape(s.begin(), s.end()); }
+SymShape to_sym(const Shape& s) {
+  return SymShape(s.begin(), s.end());
+}
 
 std::optional<SymShape> shape_or_none(const SymShape* s) {
   return s ? std::optional<SymShape>(*s) : std::nullopt;
@@ -96,9 +98,12 @@ void transpose(InferenceContext& ctx) {
   std::vector<int64_t> perm = ctx.node().attr_ints("perm");
   if (perm.empty())
     for (int64_t i = static_cast<int64_t>(in->size()) - 1; i >= 0; --i) perm.push_back(i);
-  if (perm.size() != in->size()) ctx.fail(str_cat("perm ", perm, " does not match rank ", in->size()));
+  if (perm.size() != in->size())
+    ctx.fail(str_cat("perm ", perm, " does not match rank ", in->size()));
   SymShape out;
-  for (int64_t p : perm) out.push_back((*in)[static_cast<size_t>(normalize_axis(ctx, p, static_cast<int64_t>(in->size())))]);
+  for (int64_t p : perm)
+    out.push_back(
+        (*in)[static_cast<size_t>(normalize_axis(ctx, p, static_cast<int64_t>(in->size())))]);
   ctx.set_output(0, ctx.input_dtype(0), out);
 }
 
@@ -106,7 +111,8 @@ void gather(InferenceContext& ctx) {
   const SymShape* data = ctx.input_shape(0);
   const SymShape* idx = ctx.input_shape(1);
   if (!data || !idx) return ctx.set_output(0, ctx.input_dtype(0), std::nullopt);
-  int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", 0), static_cast<int64_t>(data->size()));
+  int64_t axis =
+      normalize_axis(ctx, ctx.node().attr_int("axis", 0), static_cast<int64_t>(data->size()));
   SymShape out(data->begin(), data->begin() + axis);
   out.insert(out.end(), idx->begin(), idx->end());
   out.insert(out.end(), data->begin() + axis + 1, data->end());
@@ -138,8 +144,10 @@ void unsqueeze(InferenceContext& ctx) {
   SymShape out;
   size_t src = 0;
   for (int64_t i = 0; i < rank; ++i) {
-    if (std::binary_search(norm.begin(), norm.end(), i)) out.emplace_back(1);
-    else out.push_back((*in)[src++]);
+    if (std::binary_search(norm.begin(), norm.end(), i))
+      out.emplace_back(1);
+    else
+      out.push_back((*in)[src++]);
   }
   ctx.set_output(0, ctx.input_dtype(0), out);
   if (in->empty())
@@ -206,7 +214,8 @@ SliceRange slice_range(int64_t dim, int64_t start, int64_t end, int64_t step) {
     start = std::clamp<int64_t>(start, 0, dim - 1);
     end = std::clamp<int64_t>(end, -1, dim - 1);
   }
-  int64_t count = step > 0 ? (end - start + step - 1) / step : (start - end + (-step) - 1) / (-step);
+  int64_t count =
+      step > 0 ? (end - start + step - 1) / step : (start - end + (-step) - 1) / (-step);
   return {start, step, std::max<int64_t>(count, 0)};
 }
 
@@ -253,7 +262,8 @@ void slice(InferenceContext& ctx) {
     int64_t step = steps->empty() ? 1 : (*steps)[0];
     SliceRange r = slice_range(static_cast<int64_t>(vals->size()), (*starts)[0], (*ends)[0], step);
     std::vector<SymDim> picked;
-    for (int64_t i = 0; i < r.count; ++i) picked.push_back((*vals)[static_cast<size_t>(r.start + i * r.step)]);
+    for (int64_t i = 0; i < r.count; ++i)
+      picked.push_back((*vals)[static_cast<size_t>(r.start + i * r.step)]);
     ctx.set_output_values(0, picked);
   }
 }
@@ -266,13 +276,15 @@ void split(InferenceContext& ctx) {
     for (size_t i = 0; i < n; ++i) ctx.set_output(i, dtype, std::nullopt);
     return;
   }
-  int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", 0), static_cast<int64_t>(in->size()));
+  int64_t axis =
+      normalize_axis(ctx, ctx.node().attr_int("axis", 0), static_cast<int64_t>(in->size()));
   auto sizes = ints_input_or_attr(ctx, 1, "split");
   const SymDim& d = (*in)[static_cast<size_t>(axis)];
   for (size_t i = 0; i < n; ++i) {
     SymShape out = *in;
     if (sizes && !sizes->empty()) {
-      if (sizes->size() != n) ctx.fail(str_cat("split has ", sizes->size(), " sizes for ", n, " outputs"));
+      if (sizes->size() != n)
+        ctx.fail(str_cat("split has ", sizes->size(), " sizes for ", n, " outputs"));
       out[static_cast<size_t>(axis)] = (*sizes)[i];
     } else if (auto c = d.constant()) {
       int64_t chunk = (*c + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
@@ -302,7 +314,8 @@ void constant(InferenceContext& ctx) {
   const Node& n = ctx.node();
   if (const Tensor* t = n.attr_tensor("value")) {
     ctx.set_output(0, t->dtype(), to_sym(t->shape()));
-    if ((t->dtype() == DType::kInt64 || t->dtype() == DType::kInt32) && t->rank() <= 1 && t->numel() <= 64) {
+    if ((t->dtype() == DType::kInt64 || t->dtype() == DType::kInt32) && t->rank() <= 1 &&
+        t->numel() <= 64) {
       std::vector<SymDim> v;
       for (int64_t x : t->to_int64_vector()) v.emplace_back(x);
       ctx.set_output_values(0, v);
@@ -310,7 +323,8 @@ void constant(InferenceContext& ctx) {
   } else if (n.has_attr("value_float")) {
     ctx.set_output(0, DType::kFloat32, SymShape{});
   } else if (n.has_attr("value_floats")) {
-    ctx.set_output(0, DType::kFloat32, SymShape{SymDim(static_cast<int64_t>(n.attr_floats("value_floats").size()))});
+    ctx.set_output(0, DType::kFloat32,
+                   SymShape{SymDim(static_cast<int64_t>(n.attr_floats("value_floats").size()))});
   } else if (n.has_attr("value_int")) {
     ctx.set_output(0, DType::kInt64, SymShape{});
     ctx.set_output_values(0, {SymDim(n.attr_int("value_int", 0))});
@@ -374,7 +388,8 @@ void expand(InferenceContext& ctx) {
   const SymShape* in = ctx.input_shape(0);
   const auto* target = ctx.input_values(1);
   if (!in || !target) return ctx.set_output(0, ctx.input_dtype(0), std::nullopt);
-  ctx.set_output(0, ctx.input_dtype(0), broadcast_shapes(ctx, *in, SymShape(target->begin(), target->end())));
+  ctx.set_output(0, ctx.input_dtype(0),
+                 broadcast_shapes(ctx, *in, SymShape(target->begin(), target->end())));
 }
 
 const bool registered = [] {

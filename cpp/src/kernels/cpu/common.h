@@ -34,8 +34,10 @@ class Broadcaster {
         int64_t d = (*s)[i];
         int64_t& o = out_shape_[rank - s->size() + i];
         if (d == o || d == 1) continue;
-        if (o == 1) o = d;
-        else ctx.fail(str_cat("cannot broadcast shapes: dim ", d, " against ", o));
+        if (o == 1)
+          o = d;
+        else
+          ctx.fail(str_cat("cannot broadcast shapes: dim ", d, " against ", o));
       }
     // Per-input strides over the output dims (0 where broadcast).
     n_ = shapes.size();
@@ -134,8 +136,20 @@ void binary_broadcast(KernelContext& ctx, const Tensor& a, const Tensor& b, Tens
 
 // Normalized axis of a run-time tensor; fails through ctx when out of range.
 inline int64_t axis_of(const KernelContext& ctx, int64_t axis, int64_t rank) {
-  if (axis < -rank || axis >= rank) ctx.fail(str_cat("axis ", axis, " is out of range for rank ", rank));
+  if (axis < -rank || axis >= rank)
+    ctx.fail(str_cat("axis ", axis, " is out of range for rank ", rank));
   return axis < 0 ? axis + rank : axis;
 }
+
+// Row-major element strides of a contiguous tensor of shape `s`.
+std::vector<int64_t> contiguous_strides(const Shape& s);
+
+// Writes a strided view of `x` (sizes `out_shape`, element strides `strides`, start offset
+// `base`, all in elements) densely into `out`, parallel over rows. Any element type.
+void copy_strided(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
+                  const std::vector<int64_t>& strides, int64_t base, Tensor& out);
+
+// x with its dims permuted (a dense copy).
+Tensor permute(KernelContext& ctx, const Tensor& x, const std::vector<int64_t>& perm);
 
 }  // namespace graphtrain::cpu

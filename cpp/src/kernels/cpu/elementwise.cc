@@ -46,21 +46,42 @@ void arith(KernelContext& ctx) {
   Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
   Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
   switch (a.dtype()) {
-    case F32: binary_broadcast<float, float, float>(ctx, a, b, out, Op<float>{}); break;
-    case I64: binary_broadcast<int64_t, int64_t, int64_t>(ctx, a, b, out, Op<int64_t>{}); break;
-    case I32: binary_broadcast<int32_t, int32_t, int32_t>(ctx, a, b, out, Op<int32_t>{}); break;
-    default: ctx.fail("unsupported element type");
+    case F32:
+      binary_broadcast<float, float, float>(ctx, a, b, out, Op<float>{});
+      break;
+    case I64:
+      binary_broadcast<int64_t, int64_t, int64_t>(ctx, a, b, out, Op<int64_t>{});
+      break;
+    case I32:
+      binary_broadcast<int32_t, int32_t, int32_t>(ctx, a, b, out, Op<int32_t>{});
+      break;
+    default:
+      ctx.fail("unsupported element type");
   }
 }
 
-template <typename T> struct AddOp { T operator()(T x, T y) const { return x + y; } };
-template <typename T> struct SubOp { T operator()(T x, T y) const { return x - y; } };
-template <typename T> struct MulOp { T operator()(T x, T y) const { return x * y; } };
-template <typename T> struct DivOp { T operator()(T x, T y) const { return x / y; } };
-template <> struct DivOp<int64_t> {
+template <typename T>
+struct AddOp {
+  T operator()(T x, T y) const { return x + y; }
+};
+template <typename T>
+struct SubOp {
+  T operator()(T x, T y) const { return x - y; }
+};
+template <typename T>
+struct MulOp {
+  T operator()(T x, T y) const { return x * y; }
+};
+template <typename T>
+struct DivOp {
+  T operator()(T x, T y) const { return x / y; }
+};
+template <>
+struct DivOp<int64_t> {
   int64_t operator()(int64_t x, int64_t y) const { return y == 0 ? 0 : x / y; }
 };
-template <> struct DivOp<int32_t> {
+template <>
+struct DivOp<int32_t> {
   int32_t operator()(int32_t x, int32_t y) const { return y == 0 ? 0 : x / y; }
 };
 
@@ -74,19 +95,43 @@ void compare(KernelContext& ctx) {
   Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
   Tensor& out = ctx.allocate_output(0, BOOL, shape_only.out_shape());
   switch (a.dtype()) {
-    case F32: binary_broadcast<float, float, bool>(ctx, a, b, out, Cmp<float>{}); break;
-    case I64: binary_broadcast<int64_t, int64_t, bool>(ctx, a, b, out, Cmp<int64_t>{}); break;
-    case I32: binary_broadcast<int32_t, int32_t, bool>(ctx, a, b, out, Cmp<int32_t>{}); break;
-    case BOOL: binary_broadcast<bool, bool, bool>(ctx, a, b, out, Cmp<bool>{}); break;
-    default: ctx.fail("unsupported element type");
+    case F32:
+      binary_broadcast<float, float, bool>(ctx, a, b, out, Cmp<float>{});
+      break;
+    case I64:
+      binary_broadcast<int64_t, int64_t, bool>(ctx, a, b, out, Cmp<int64_t>{});
+      break;
+    case I32:
+      binary_broadcast<int32_t, int32_t, bool>(ctx, a, b, out, Cmp<int32_t>{});
+      break;
+    case BOOL:
+      binary_broadcast<bool, bool, bool>(ctx, a, b, out, Cmp<bool>{});
+      break;
+    default:
+      ctx.fail("unsupported element type");
   }
 }
 
-template <typename T> struct EqOp { bool operator()(T x, T y) const { return x == y; } };
-template <typename T> struct LtOp { bool operator()(T x, T y) const { return x < y; } };
-template <typename T> struct GtOp { bool operator()(T x, T y) const { return x > y; } };
-template <typename T> struct LeOp { bool operator()(T x, T y) const { return x <= y; } };
-template <typename T> struct GeOp { bool operator()(T x, T y) const { return x >= y; } };
+template <typename T>
+struct EqOp {
+  bool operator()(T x, T y) const { return x == y; }
+};
+template <typename T>
+struct LtOp {
+  bool operator()(T x, T y) const { return x < y; }
+};
+template <typename T>
+struct GtOp {
+  bool operator()(T x, T y) const { return x > y; }
+};
+template <typename T>
+struct LeOp {
+  bool operator()(T x, T y) const { return x <= y; }
+};
+template <typename T>
+struct GeOp {
+  bool operator()(T x, T y) const { return x >= y; }
+};
 
 void pow_kernel(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
@@ -101,9 +146,8 @@ void pow_kernel(KernelContext& ctx) {
   if (b.dtype() == F32) {
     binary_broadcast<float, float, float>(ctx, a, b, out, p);
   } else if (b.dtype() == I64) {
-    binary_broadcast<float, int64_t, float>(ctx, a, b, out, [&](float x, int64_t y) {
-      return p(x, static_cast<float>(y));
-    });
+    binary_broadcast<float, int64_t, float>(
+        ctx, a, b, out, [&](float x, int64_t y) { return p(x, static_cast<float>(y)); });
   } else {
     ctx.fail("exponent must be float32 or int64");
   }
@@ -139,11 +183,20 @@ void where_kernel(KernelContext& ctx) {
     });
   };
   switch (es) {
-    case 1: body(uint8_t{}); break;
-    case 2: body(uint16_t{}); break;
-    case 4: body(uint32_t{}); break;
-    case 8: body(uint64_t{}); break;
-    default: ctx.fail("unsupported element size");
+    case 1:
+      body(uint8_t{});
+      break;
+    case 2:
+      body(uint16_t{});
+      break;
+    case 4:
+      body(uint32_t{});
+      break;
+    case 8:
+      body(uint64_t{});
+      break;
+    default:
+      ctx.fail("unsupported element size");
   }
 }
 
@@ -159,38 +212,68 @@ void convert(const Tensor& x, Tensor& y, KernelContext& ctx) {
 // Reads element i of a tensor of any supported type as double / writes from double.
 double load(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::kFloat32: return t.data<float>()[i];
-    case DType::kFloat64: return t.data<double>()[i];
-    case DType::kFloat16: return half_to_float(t.data<uint16_t>()[i]);
-    case DType::kBFloat16: return bfloat16_to_float(t.data<uint16_t>()[i]);
-    case DType::kInt64: return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::kInt32: return t.data<int32_t>()[i];
-    case DType::kInt8: return t.data<int8_t>()[i];
-    case DType::kUInt8: return t.data<uint8_t>()[i];
-    case DType::kBool: return t.data<bool>()[i] ? 1.0 : 0.0;
-    case DType::kUndefined: break;
+    case DType::kFloat32:
+      return t.data<float>()[i];
+    case DType::kFloat64:
+      return t.data<double>()[i];
+    case DType::kFloat16:
+      return half_to_float(t.data<uint16_t>()[i]);
+    case DType::kBFloat16:
+      return bfloat16_to_float(t.data<uint16_t>()[i]);
+    case DType::kInt64:
+      return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kInt32:
+      return t.data<int32_t>()[i];
+    case DType::kInt8:
+      return t.data<int8_t>()[i];
+    case DType::kUInt8:
+      return t.data<uint8_t>()[i];
+    case DType::kBool:
+      return t.data<bool>()[i] ? 1.0 : 0.0;
+    case DType::kUndefined:
+      break;
   }
   return 0;
 }
 
 void store(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
-    case DType::kFloat64: t.data<double>()[i] = v; break;
-    case DType::kFloat16: t.data<uint16_t>()[i] = float_to_half(static_cast<float>(v)); break;
-    case DType::kBFloat16: t.data<uint16_t>()[i] = float_to_bfloat16(static_cast<float>(v)); break;
-    case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
-    case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
-    case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
-    case DType::kBool: t.data<bool>()[i] = v != 0; break;
-    case DType::kUndefined: break;
+    case DType::kFloat32:
+      t.data<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      t.data<double>()[i] = v;
+      break;
+    case DType::kFloat16:
+      t.data<uint16_t>()[i] = float_to_half(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      t.data<uint16_t>()[i] = float_to_bfloat16(static_cast<float>(v));
+      break;
+    case DType::kInt64:
+      t.data<int64_t>()[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kInt32:
+      t.data<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kInt8:
+      t.data<int8_t>()[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kUInt8:
+      t.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kBool:
+      t.data<bool>()[i] = v != 0;
+      break;
+    case DType::kUndefined:
+      break;
   }
 }
 
 void cast_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  DType to = from_onnx(static_cast<int>(ctx.node().attr(std::string("to"), Attribute::Kind::kInt).i));
+  DType to =
+      from_onnx(static_cast<int>(ctx.node().attr(std::string("to"), Attribute::Kind::kInt).i));
   if (to == DType::kUndefined) ctx.fail("unsupported target type");
   if (to == x.dtype()) {
     ctx.set_output(0, x);
@@ -208,7 +291,9 @@ void cast_kernel(KernelContext& ctx) {
   });
 }
 
-float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+}
 float gelu_tanh(float x) {
   const float k = 0.79788456080286536f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
@@ -227,41 +312,62 @@ const bool registered = [] {
   register_kernel("", "GreaterOrEqual", {F32, I64, I32}, compare<GeOp>);
   register_kernel("", "Where", {}, where_kernel, 1);
   register_kernel("", "Cast", {}, cast_kernel);
-  register_kernel("", "Not", {BOOL}, [](KernelContext& ctx) {
-    unary_typed<bool>(ctx, [](bool b) { return !b; });
+  register_kernel("", "Not", {BOOL},
+                  [](KernelContext& ctx) { unary_typed<bool>(ctx, [](bool b) { return !b; }); });
+  register_kernel("", "Sqrt", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 2, [](float x) { return std::sqrt(x); });
   });
-  register_kernel("", "Sqrt", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return std::sqrt(x); }); });
-  register_kernel("", "Reciprocal", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
-  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::exp(x); }); });
-  register_kernel("", "Log", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); });
-  register_kernel("", "Tanh", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::tanh(x); }); });
-  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::erf(x); }); });
+  register_kernel("", "Reciprocal", {F32},
+                  [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
+  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::exp(x); });
+  });
+  register_kernel("", "Log", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::log(x); });
+  });
+  register_kernel("", "Tanh", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::tanh(x); });
+  });
+  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::erf(x); });
+  });
   register_kernel("", "Sigmoid", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 8, [](float x) { return 1.0f / (1.0f + std::exp(-x)); });
   });
-  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return x > 0 ? x : 0.0f; }); });
+  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 1, [](float x) { return x > 0 ? x : 0.0f; });
+  });
   register_kernel("", "LeakyRelu", {F32}, [](KernelContext& ctx) {
     float alpha = ctx.node().attr_float("alpha", 0.01f);
     unary_f32(ctx, 1, [alpha](float x) { return x >= 0 ? x : alpha * x; });
   });
   register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
     std::string approx = ctx.node().attr_string("approximate", "none");
-    if (approx == "tanh") unary_f32(ctx, 10, gelu_tanh);
-    else if (approx == "none") unary_f32(ctx, 10, gelu_erf);
-    else ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+    if (approx == "tanh")
+      unary_f32(ctx, 10, gelu_tanh);
+    else if (approx == "none")
+      unary_f32(ctx, 10, gelu_erf);
+    else
+      ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
   });
   register_kernel("", "Neg", {F32, I64, I32}, [](KernelContext& ctx) {
     switch (ctx.input(0).dtype()) {
-      case F32: return unary_typed<float>(ctx, [](float x) { return -x; });
-      case I64: return unary_typed<int64_t>(ctx, [](int64_t x) { return -x; });
-      default: return unary_typed<int32_t>(ctx, [](int32_t x) { return -x; });
+      case F32:
+        return unary_typed<float>(ctx, [](float x) { return -x; });
+      case I64:
+        return unary_typed<int64_t>(ctx, [](int64_t x) { return -x; });
+      default:
+        return unary_typed<int32_t>(ctx, [](int32_t x) { return -x; });
     }
   });
   register_kernel("", "Abs", {F32, I64, I32}, [](KernelContext& ctx) {
     switch (ctx.input(0).dtype()) {
-      case F32: return unary_typed<float>(ctx, [](float x) { return std::fabs(x); });
-      case I64: return unary_typed<int64_t>(ctx, [](int64_t x) { return x < 0 ? -x : x; });
-      default: return unary_typed<int32_t>(ctx, [](int32_t x) { return x < 0 ? -x : x; });
+      case F32:
+        return unary_typed<float>(ctx, [](float x) { return std::fabs(x); });
+      case I64:
+        return unary_typed<int64_t>(ctx, [](int64_t x) { return x < 0 ? -x : x; });
+      default:
+        return unary_typed<int32_t>(ctx, [](int32_t x) { return x < 0 ? -x : x; });
     }
   });
   register_kernel("", "Identity", {}, [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });

@@ -140,12 +140,15 @@ void gemm(KernelContext& ctx) {
     const Tensor& c = ctx.input(2);
     Shape target{m, n};
     Broadcaster bc(ctx, {&c.shape(), &target});
-    if (bc.out_shape() != target) ctx.fail(str_cat("C of shape ", c.shape(), " does not broadcast to ", target));
+    if (bc.out_shape() != target)
+      ctx.fail(str_cat("C of shape ", c.shape(), " does not broadcast to ", target));
     Tensor zeros = Tensor::zeros(DType::kFloat32, target);
-    binary_broadcast<float, float, float>(ctx, c, zeros, out, [beta](float x, float) { return beta * x; });
+    binary_broadcast<float, float, float>(ctx, c, zeros, out,
+                                          [beta](float x, float) { return beta * x; });
     gemm_beta = 1.0f;
   }
-  sgemm(ctx, ta, tb, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1), gemm_beta, po, n);
+  sgemm(ctx, ta, tb, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
+        gemm_beta, po, n);
 }
 
 const bool registered = [] {

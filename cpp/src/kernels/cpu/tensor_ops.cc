@@ -10,7 +10,9 @@ namespace {
 
 constexpr DType I64 = DType::kInt64;
 
-std::vector<int64_t> int_input(KernelContext& ctx, size_t i) { return ctx.input(i).to_int64_vector(); }
+std::vector<int64_t> int_input(KernelContext& ctx, size_t i) {
+  return ctx.input(i).to_int64_vector();
+}
 
 void reshape(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
@@ -28,7 +30,8 @@ void reshape(KernelContext& ctx) {
       continue;
     }
     if (d == 0 && !allowzero) {
-      if (i >= x.rank()) ctx.fail(str_cat("target dim ", i, " is 0 (copy) but the input has rank ", x.rank()));
+      if (i >= x.rank())
+        ctx.fail(str_cat("target dim ", i, " is 0 (copy) but the input has rank ", x.rank()));
       d = x.dim(i);
     }
     if (d < 0) ctx.fail(str_cat("invalid target shape ", target));
@@ -73,7 +76,8 @@ void unsqueeze(KernelContext& ctx) {
   }
   Shape out;
   size_t src = 0;
-  for (int64_t i = 0; i < rank; ++i) out.push_back(added[static_cast<size_t>(i)] ? 1 : x.dim(src++));
+  for (int64_t i = 0; i < rank; ++i)
+    out.push_back(added[static_cast<size_t>(i)] ? 1 : x.dim(src++));
   ctx.set_output(0, x.view(out));
 }
 
@@ -86,75 +90,14 @@ void squeeze(KernelContext& ctx) {
     for (size_t i = 0; i < x.rank(); ++i) drop[i] = x.dim(i) == 1;
   for (int64_t a : axes) {
     int64_t n = axis_of(ctx, a, rank);
-    if (x.dim(static_cast<size_t>(n)) != 1) ctx.fail(str_cat("cannot squeeze axis ", a, " of size ", x.dim(static_cast<size_t>(n))));
+    if (x.dim(static_cast<size_t>(n)) != 1)
+      ctx.fail(str_cat("cannot squeeze axis ", a, " of size ", x.dim(static_cast<size_t>(n))));
     drop[static_cast<size_t>(n)] = true;
   }
   Shape out;
   for (size_t i = 0; i < x.rank(); ++i)
     if (!drop[i]) out.push_back(x.dim(i));
   ctx.set_output(0, x.view(out));
-}
-
-// Copies `count` elements of size `es` from src with stride `stride` (elements) to dst densely.
-inline void gather_strided(char* dst, const char* src, int64_t count, int64_t stride, size_t es) {
-  switch (es) {
-    case 4: {
-      auto* d = reinterpret_cast<uint32_t*>(dst);
-      auto* s = reinterpret_cast<const uint32_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    case 8: {
-      auto* d = reinterpret_cast<uint64_t*>(dst);
-      auto* s = reinterpret_cast<const uint64_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    case 2: {
-      auto* d = reinterpret_cast<uint16_t*>(dst);
-      auto* s = reinterpret_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    default:
-      for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * static_cast<int64_t>(es), src + i * stride * static_cast<int64_t>(es), es);
-  }
-}
-
-// Writes the output of a strided view of `x` (sizes `out_shape`, element strides `strides`, start
-// offset `base`) densely into `out`, parallel over rows.
-void copy_strided(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
-                  const std::vector<int64_t>& strides, int64_t base, Tensor& out) {
-  size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(x.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  size_t rank = out_shape.size();
-  if (rank == 0) {
-    std::memcpy(dst, src + base * static_cast<int64_t>(es), es);
-    return;
-  }
-  int64_t inner = out_shape.back();
-  int64_t inner_stride = strides.back();
-  int64_t rows = inner ? shape_numel(out_shape) / inner : 0;
-  parallel_for(ctx, rows, inner, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      int64_t rem = r, off = base;
-      for (size_t i = rank - 1; i-- > 0;) {
-        off += (rem % out_shape[i]) * strides[i];
-        rem /= out_shape[i];
-      }
-      char* d = dst + r * inner * static_cast<int64_t>(es);
-      const char* s = src + off * static_cast<int64_t>(es);
-      if (inner_stride == 1) std::memcpy(d, s, static_cast<size_t>(inner) * es);
-      else gather_strided(d, s, inner, inner_stride, es);
-    }
-  });
-}
-
-std::vector<int64_t> contiguous_strides(const Shape& s) {
-  std::vector<int64_t> st(s.size(), 1);
-  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
-  return st;
 }
 
 void transpose(KernelContext& ctx) {
@@ -208,7 +151,8 @@ void slice(KernelContext& ctx) {
     int64_t a = axes.empty() ? static_cast<int64_t>(k) : axis_of(ctx, axes[k], rank);
     int64_t step = steps.empty() ? 1 : steps[k];
     if (step == 0) ctx.fail("a slice step is 0");
-    ax[static_cast<size_t>(a)] = clamp_slice(x.dim(static_cast<size_t>(a)), starts[k], ends[k], step);
+    ax[static_cast<size_t>(a)] =
+        clamp_slice(x.dim(static_cast<size_t>(a)), starts[k], ends[k], step);
   }
   std::vector<int64_t> in_strides = contiguous_strides(x.shape());
   Shape out_shape;
@@ -233,7 +177,8 @@ void gather(KernelContext& ctx) {
   std::vector<int64_t> indices = idx.to_int64_vector();
   int64_t n = data.dim(static_cast<size_t>(axis));
   for (int64_t& i : indices) {
-    if (i < -n || i >= n) ctx.fail(str_cat("index ", i, " is out of range for axis ", axis, " of size ", n));
+    if (i < -n || i >= n)
+      ctx.fail(str_cat("index ", i, " is out of range for axis ", axis, " of size ", n));
     if (i < 0) i += n;
   }
   Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
@@ -251,7 +196,8 @@ void gather(KernelContext& ctx) {
     for (int64_t r = lo; r < hi; ++r) {
       int64_t o = r / k, j = r % k;
       std::memcpy(dst + r * static_cast<int64_t>(row_bytes),
-                  src + (o * n + indices[static_cast<size_t>(j)]) * static_cast<int64_t>(row_bytes), row_bytes);
+                  src + (o * n + indices[static_cast<size_t>(j)]) * static_cast<int64_t>(row_bytes),
+                  row_bytes);
     }
   });
 }
@@ -298,16 +244,20 @@ void split(KernelContext& ctx) {
   int64_t dim = x.dim(static_cast<size_t>(axis));
   size_t n = ctx.num_outputs();
   std::vector<int64_t> sizes;
-  if (ctx.has_input(1)) sizes = int_input(ctx, 1);
-  else sizes = ctx.node().attr_ints("split");
+  if (ctx.has_input(1))
+    sizes = int_input(ctx, 1);
+  else
+    sizes = ctx.node().attr_ints("split");
   if (sizes.empty()) {
     int64_t chunk = (dim + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
-    for (size_t i = 0; i < n; ++i) sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - chunk * static_cast<int64_t>(i))));
+    for (size_t i = 0; i < n; ++i)
+      sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - chunk * static_cast<int64_t>(i))));
   }
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   if (sizes.size() != n || total != dim)
-    ctx.fail(str_cat("split sizes ", sizes, " do not cover axis ", axis, " of size ", dim, " in ", n, " outputs"));
+    ctx.fail(str_cat("split sizes ", sizes, " do not cover axis ", axis, " of size ", dim, " in ",
+                     n, " outputs"));
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < axis; ++i) outer *= x.dim(static_cast<size_t>(i));
   for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dim(static_cast<size_t>(i));
@@ -321,7 +271,8 @@ void split(KernelContext& ctx) {
     Tensor& out = ctx.allocate_output(i, x.dtype(), s);
     int64_t row = sizes[i] * inner * static_cast<int64_t>(es);
     char* dst = static_cast<char*>(out.raw_data());
-    for (int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
     offset += row;
   }
 }
@@ -409,7 +360,8 @@ void constant_of_shape(KernelContext& ctx) {
     std::memset(dst, 0, out.nbytes());
     return;
   }
-  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(dst + i * static_cast<int64_t>(es), v->raw_data(), es);
+  for (int64_t i = 0; i < out.numel(); ++i)
+    std::memcpy(dst + i * static_cast<int64_t>(es), v->raw_data(), es);
 }
 
 void shape_op(KernelContext& ctx) {
@@ -421,14 +373,17 @@ void shape_op(KernelContext& ctx) {
   start = std::clamp<int64_t>(start, 0, rank);
   end = std::clamp<int64_t>(end, start, rank);
   Tensor& out = ctx.allocate_output(0, I64, {end - start});
-  for (int64_t i = start; i < end; ++i) out.data<int64_t>()[i - start] = x.dim(static_cast<size_t>(i));
+  for (int64_t i = start; i < end; ++i)
+    out.data<int64_t>()[i - start] = x.dim(static_cast<size_t>(i));
 }
 
 template <typename T>
 void range_typed(KernelContext& ctx) {
-  T start = ctx.input(0).data<T>()[0], limit = ctx.input(1).data<T>()[0], delta = ctx.input(2).data<T>()[0];
+  T start = ctx.input(0).data<T>()[0], limit = ctx.input(1).data<T>()[0],
+    delta = ctx.input(2).data<T>()[0];
   if (delta == 0) ctx.fail("delta is 0");
-  double n = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
+  double n = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) /
+                       static_cast<double>(delta));
   int64_t count = std::max<int64_t>(0, static_cast<int64_t>(n));
   Tensor& out = ctx.allocate_output(0, ctx.input(0).dtype(), {count});
   T* p = out.data<T>();
@@ -437,10 +392,14 @@ void range_typed(KernelContext& ctx) {
 
 void range(KernelContext& ctx) {
   switch (ctx.input(0).dtype()) {
-    case DType::kFloat32: return range_typed<float>(ctx);
-    case DType::kInt64: return range_typed<int64_t>(ctx);
-    case DType::kInt32: return range_typed<int32_t>(ctx);
-    default: ctx.fail("unsupported element type");
+    case DType::kFloat32:
+      return range_typed<float>(ctx);
+    case DType::kInt64:
+      return range_typed<int64_t>(ctx);
+    case DType::kInt32:
+      return range_typed<int32_t>(ctx);
+    default:
+      ctx.fail("unsupported element type");
   }
 }
 
@@ -459,7 +418,8 @@ const bool registered = [] {
   register_kernel("", "ConstantOfShape", {}, constant_of_shape);
   register_kernel("", "Shape", {}, shape_op);
   register_kernel("", "Range", {DType::kFloat32, DType::kInt64, DType::kInt32}, range);
-  register_kernel(KernelDef{"", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
+  register_kernel(KernelDef{
+      "", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
   return true;
 }();
 

@@ -1,0 +1,262 @@
+// graphtrain.engine: Session and Model. Arrays cross by DLPack (numpy, torch, anything with
+// __dlpack__ or the buffer protocol) with zero copy when they are contiguous.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "bindings/bindings.h"
+#include "graphtrain/error.h"
+#include "graphtrain/onnx_io.h"
+#include "graphtrain/ops.h"
+#include "graphtrain/session.h"
+#include "graphtrain/strings.h"
+#include "graphtrain/verifier.h"
+
+namespace nb = nanobind;
+
+namespace graphtrain::bindings {
+namespace {
+
+using AnyArray = nb::ndarray<nb::ro, nb::device::cpu>;
+
+DType from_dlpack(nb::dlpack::dtype t) {
+  using C = nb::dlpack::dtype_code;
+  auto code = static_cast<C>(t.code);
+  if (t.lanes != 1) return DType::kUndefined;
+  if (code == C::Float && t.bits == 32) return DType::kFloat32;
+  if (code == C::Float && t.bits == 16) return DType::kFloat16;
+  if (code == C::Float && t.bits == 64) return DType::kFloat64;
+  if (code == C::Bfloat && t.bits == 16) return DType::kBFloat16;
+  if (code == C::Int && t.bits == 64) return DType::kInt64;
+  if (code == C::Int && t.bits == 32) return DType::kInt32;
+  if (code == C::Int && t.bits == 8) return DType::kInt8;
+  if (code == C::UInt && t.bits == 8) return DType::kUInt8;
+  if (code == C::Bool && t.bits == 8) return DType::kBool;
+  return DType::kUndefined;
+}
+
+nb::dlpack::dtype to_dlpack(DType d) {
+  using C = nb::dlpack::dtype_code;
+  auto make = [](C code, uint8_t bits) {
+    nb::dlpack::dtype t;
+    t.code = static_cast<uint8_t>(code);
+    t.bits = bits;
+    t.lanes = 1;
+    return t;
+  };
+  switch (d) {
+    case DType::kFloat32:
+      return make(C::Float, 32);
+    case DType::kFloat16:
+      return make(C::Float, 16);
+    case DType::kFloat64:
+      return make(C::Float, 64);
+    case DType::kBFloat16:
+      return make(C::Bfloat, 16);
+    case DType::kInt64:
+      return make(C::Int, 64);
+    case DType::kInt32:
+      return make(C::Int, 32);
+    case DType::kInt8:
+      return make(C::Int, 8);
+    case DType::kUInt8:
+      return make(C::UInt, 8);
+    case DType::kBool:
+      return make(C::Bool, 8);
+    case DType::kUndefined:
+      break;
+  }
+  throw Error("tensor of undefined element type");
+}
+
+bool is_torch(nb::handle obj) {
+  nb::handle mod = nb::getattr(obj.type(), "__module__", nb::none());
+  return nb::isinstance<nb::str>(mod) && nb::cast<std::string>(mod).rfind("torch", 0) == 0;
+}
+
+// Wraps a Python array as a Tensor without copying when it is contiguous; the Python object stays
+// alive as long as the tensor's storage does.
+Tensor to_tensor(nb::handle obj, const std::string& what) {
+  AnyArray arr;
+  try {
+    arr = nb::cast<AnyArray>(obj);
+  } catch (const std::exception&) {
+    throw InputError(what + ": expected a numpy array or a torch tensor on the CPU, got " +
+                     nb::cast<std::string>(nb::str(obj.type())));
+  }
+  DType dtype = from_dlpack(arr.dtype());
+  if (dtype == DType::kUndefined)
+    throw InputError(what + ": unsupported element type (code " + std::to_string(arr.dtype().code) +
+                     ", " + std::to_string(arr.dtype().bits) + " bits)");
+  Shape shape;
+  for (size_t i = 0; i < arr.ndim(); ++i) shape.push_back(static_cast<int64_t>(arr.shape(i)));
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t i = arr.ndim(); i-- > 0;) {
+    if (arr.shape(i) != 1 && arr.stride(i) != expect) contiguous = false;
+    expect *= static_cast<int64_t>(arr.shape(i));
+  }
+  if (contiguous) {
+    PyObject* owner = obj.ptr();
+    Py_INCREF(owner);
+    return Tensor::borrow(const_cast<void*>(arr.data()), dtype, shape, [owner] {
+      nb::gil_scoped_acquire gil;
+      Py_DECREF(owner);
+    });
+  }
+  // A strided view: copy it densely.
+  Tensor t = Tensor::empty(dtype, shape);
+  size_t es = dtype_size(dtype);
+  const char* src = static_cast<const char*>(arr.data());
+  char* dst = static_cast<char*>(t.raw_data());
+  int64_t n = t.numel();
+  std::vector<int64_t> idx(arr.ndim(), 0);
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t off = 0;
+    for (size_t i = 0; i < arr.ndim(); ++i) off += idx[i] * arr.stride(i);
+    std::memcpy(dst + k * static_cast<int64_t>(es), src + off * static_cast<int64_t>(es), es);
+    for (size_t i = arr.ndim(); i-- > 0;) {
+      if (++idx[i] < static_cast<int64_t>(arr.shape(i))) break;
+      idx[i] = 0;
+    }
+  }
+  return t;
+}
+
+nb::object to_python(const Tensor& t, bool torch) {
+  auto* keep = new Tensor(t);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  void* data = t.numel() ? t.raw_data() : nullptr;
+  if (torch)
+    return nb::cast(nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), owner, nullptr,
+                                             to_dlpack(t.dtype())));
+  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr,
+                                         to_dlpack(t.dtype())));
+}
+
+nb::list run_session(Session& s, nb::handle feeds) {
+  std::vector<Tensor> inputs;
+  bool torch = false;
+  std::vector<std::string> names = s.input_names();
+  if (nb::isinstance<nb::dict>(feeds)) {
+    std::map<std::string, Tensor> by_name;
+    for (auto [k, v] : nb::borrow<nb::dict>(feeds)) {
+      std::string name = nb::cast<std::string>(k);
+      torch |= is_torch(v);
+      by_name[name] = to_tensor(v, "input '" + name + "'");
+    }
+    std::vector<Tensor> out;
+    {
+      nb::gil_scoped_release release;
+      out = s.run(by_name);
+    }
+    nb::list result;
+    for (const Tensor& t : out) result.append(to_python(t, torch));
+    return result;
+  }
+  size_t i = 0;
+  for (nb::handle v : feeds) {
+    torch |= is_torch(v);
+    inputs.push_back(to_tensor(v, "input " + std::to_string(i) +
+                                      (i < names.size() ? " '" + names[i] + "'" : std::string())));
+    ++i;
+  }
+  std::vector<Tensor> out;
+  {
+    nb::gil_scoped_release release;
+    out = s.run(inputs);
+  }
+  nb::list result;
+  for (const Tensor& t : out) result.append(to_python(t, torch));
+  return result;
+}
+
+// A loaded model for inspection: shapes, verification, saving.
+struct Model {
+  Graph graph;
+};
+
+nb::dict value_types(const Graph& g) {
+  nb::dict out;
+  auto add = [&](const Value* v) {
+    nb::list dims;
+    if (v->type.shape)
+      for (const SymDim& d : *v->type.shape) {
+        if (auto c = d.constant())
+          dims.append(*c);
+        else
+          dims.append(d.to_string());
+      }
+    out[nb::str(v->name().c_str())] =
+        nb::make_tuple(to_string(v->type.dtype), v->type.shape ? nb::object(dims) : nb::none());
+  };
+  for (Value* v : g.inputs()) add(v);
+  for (Node* n : g.nodes())
+    for (Value* v : n->outputs())
+      if (v) add(v);
+  return out;
+}
+
+}  // namespace
+
+void bind_engine(nb::module_& m) {
+  nb::class_<Session>(m, "Session")
+      .def(nb::init<const std::string&>(), nb::arg("path"),
+           nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("input_names", &Session::input_names)
+      .def_prop_ro("output_names", &Session::output_names)
+      .def("run", &run_session, nb::arg("feeds"));
+
+  nb::class_<Model>(m, "Model")
+      .def(
+          "__init__",
+          [](Model* self, const std::string& path) { new (self) Model{load_onnx(path)}; },
+          nb::arg("path"))
+      .def_static(
+          "from_bytes",
+          [](nb::bytes data) { return Model{parse_onnx(std::string(data.c_str(), data.size()))}; })
+      .def_prop_ro("num_nodes", [](const Model& self) { return self.graph.num_nodes(); })
+      .def_prop_ro("input_names",
+                   [](const Model& self) {
+                     std::vector<std::string> out;
+                     for (Value* v : self.graph.inputs()) out.push_back(v->name());
+                     return out;
+                   })
+      .def_prop_ro("output_names",
+                   [](const Model& self) {
+                     std::vector<std::string> out;
+                     for (Value* v : self.graph.outputs()) out.push_back(v->name());
+                     return out;
+                   })
+      .def("verify", [](const Model& self) { verify(self.graph); })
+      .def("infer_shapes", [](Model& self) { infer_shapes(self.graph); })
+      .def(
+          "value_types", [](const Model& self) { return value_types(self.graph); },
+          "name -> (dtype, dims or None); dims are ints or symbolic expressions")
+      .def("ops",
+           [](const Model& self) {
+             std::vector<std::string> out;
+             for (Node* n : self.graph.topological_order()) out.push_back(n->qualified_op());
+             return out;
+           })
+      .def(
+          "save",
+          [](const Model& self, const std::string& path, size_t external_threshold) {
+            SaveOptions opt;
+            opt.external_data_threshold = external_threshold;
+            save_onnx(self.graph, path, opt);
+          },
+          nb::arg("path"), nb::arg("external_data_threshold") = 0)
+      .def("to_bytes", [](const Model& self) {
+        std::string s = serialize_onnx(self.graph);
+        return nb::bytes(s.data(), s.size());
+      });
+
+  m.def("supported_ops", [] { return registered_ops("cpu"); });
+}
+
+}  // namespace graphtrain::bindings

@@ -1,0 +1,75 @@
+// CPU kernel: Dropout. The mask comes from a counter-based generator (a hash of seed, call number
+// and element index), so it does not depend on how the work is split across threads.
+#include <atomic>
+#include <random>
+
+#include "kernels/cpu/common.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+uint64_t mix(uint64_t z) {  // splitmix64 finalizer
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits, like a float32 generator.
+inline float uniform(uint64_t key, uint64_t index) {
+  return static_cast<float>(mix(key ^ mix(index)) >> 40) * (1.0f / 16777216.0f);
+}
+
+class DropoutKernel : public OpKernel {
+ public:
+  explicit DropoutKernel(const Node& node) {
+    if (node.has_attr("seed")) {
+      seed_ = static_cast<uint64_t>(node.attr_int("seed", 0));
+    } else {
+      static std::atomic<uint64_t> counter{0};
+      seed_ = mix(std::random_device{}() ^ counter.fetch_add(1));
+    }
+  }
+
+  void compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    float ratio = ctx.has_input(1) ? ctx.input(1).data<float>()[0] : 0.5f;
+    bool training = ctx.has_input(2) && ctx.input(2).data<bool>()[0];
+    if (!(ratio >= 0.0f && ratio <= 1.0f))
+      ctx.fail(str_cat("ratio must be in [0, 1], got ", ratio));
+    bool* mask = ctx.output_requested(1)
+                     ? ctx.allocate_output(1, DType::kBool, x.shape()).data<bool>()
+                     : nullptr;
+    if (!training || ratio == 0.0f) {
+      ctx.set_output(0, x);
+      if (mask) std::fill(mask, mask + x.numel(), true);
+      return;
+    }
+    Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+    const float* px = x.data<float>();
+    float* py = y.data<float>();
+    float scale = ratio < 1.0f ? 1.0f / (1.0f - ratio) : 0.0f;
+    uint64_t key = mix(seed_ ^ mix(calls_++));
+    parallel_for(ctx, x.numel(), 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        bool keep = uniform(key, static_cast<uint64_t>(i)) >= ratio;
+        py[i] = keep ? px[i] * scale : 0.0f;
+        if (mask) mask[i] = keep;
+      }
+    });
+  }
+
+ private:
+  uint64_t seed_ = 0;
+  uint64_t calls_ = 0;
+};
+
+const bool registered = [] {
+  register_kernel(KernelDef{"", "Dropout", {DType::kFloat32}, [](const Node& n) {
+                              return std::make_unique<DropoutKernel>(n);
+                            }});
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu

@@ -1,0 +1,85 @@
+// CPU kernels: ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes.
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/common.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+enum class Kind { kSum, kMean, kMax, kMin };
+
+template <Kind K>
+void reduce(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  std::vector<int64_t> axes =
+      ctx.has_input(1) ? ctx.input(1).to_int64_vector() : ctx.node().attr_ints("axes");
+  bool keep = ctx.node().attr_int("keepdims", 1) != 0;
+  if (axes.empty() && ctx.node().attr_int("noop_with_empty_axes", 0) != 0) {
+    ctx.set_output(0, x);
+    return;
+  }
+  std::vector<bool> reduced(x.rank(), axes.empty());
+  for (int64_t a : axes) reduced[static_cast<size_t>(axis_of(ctx, a, rank))] = true;
+  Shape out_shape;
+  std::vector<int64_t> perm, tail;
+  int64_t cols = 1;
+  for (size_t i = 0; i < x.rank(); ++i) {
+    if (reduced[i]) {
+      tail.push_back(static_cast<int64_t>(i));
+      cols *= x.dim(i);
+      if (keep) out_shape.push_back(1);
+    } else {
+      perm.push_back(static_cast<int64_t>(i));
+      out_shape.push_back(x.dim(i));
+    }
+  }
+  if ((K == Kind::kMax || K == Kind::kMin) && cols == 0 && x.numel() == 0 &&
+      shape_numel(out_shape) > 0)
+    ctx.fail("cannot take the max or min of an empty set");
+  // Reduced axes last, so each output element reduces one contiguous row.
+  bool identity = true;
+  perm.insert(perm.end(), tail.begin(), tail.end());
+  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
+  Tensor src = identity ? x : permute(ctx, x, perm);
+  Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
+  int64_t rows = out.numel();
+  const float* px = src.data<float>();
+  float* po = out.data<float>();
+  parallel_for(ctx, rows, cols, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* p = px + r * cols;
+      float acc;
+      if (K == Kind::kMax) {
+        acc = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < cols; ++i) acc = (p[i] > acc || std::isnan(p[i])) ? p[i] : acc;
+      } else if (K == Kind::kMin) {
+        acc = std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < cols; ++i) acc = (p[i] < acc || std::isnan(p[i])) ? p[i] : acc;
+      } else {
+        // Pairwise-style blocked sum keeps the rounding error small for long rows.
+        double total = 0;
+        for (int64_t b = 0; b < cols; b += 256) {
+          float s = 0;
+          int64_t e = std::min(cols, b + 256);
+          for (int64_t i = b; i < e; ++i) s += p[i];
+          total += s;
+        }
+        acc = static_cast<float>(K == Kind::kMean ? total / static_cast<double>(cols) : total);
+      }
+      po[r] = acc;
+    }
+  });
+}
+
+const bool registered = [] {
+  register_kernel("", "ReduceSum", {DType::kFloat32}, reduce<Kind::kSum>);
+  register_kernel("", "ReduceMean", {DType::kFloat32}, reduce<Kind::kMean>);
+  register_kernel("", "ReduceMax", {DType::kFloat32}, reduce<Kind::kMax>);
+  register_kernel("", "ReduceMin", {DType::kFloat32}, reduce<Kind::kMin>);
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu

@@ -1,0 +1,129 @@
+// CPU kernels: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss.
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/common.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+// Softmax or log-softmax of `n` values spaced `stride` apart.
+template <bool kLog>
+void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
+  if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float e = std::exp(x[i * stride] - mx);
+    if (!kLog) y[i * stride] = e;
+    sum += e;
+  }
+  if (kLog) {
+    float lse = std::log(sum) + mx;
+    for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] - lse;
+  } else {
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) y[i * stride] *= inv;
+  }
+}
+
+template <bool kLog>
+void softmax(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  if (x.numel() == 0) return;
+  if (rank == 0) {
+    y.data<float>()[0] = kLog ? 0.0f : 1.0f;
+    return;
+  }
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), rank);
+  int64_t n = x.dim(static_cast<size_t>(axis)), inner = 1;
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dim(static_cast<size_t>(i));
+  int64_t lines = x.numel() / n;
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(ctx, lines, n * 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t l = lo; l < hi; ++l) {
+      int64_t o = l / inner, in = l % inner;
+      int64_t base = o * n * inner + in;
+      softmax_line<kLog>(px + base, py + base, n, inner);
+    }
+  });
+}
+
+void softmax_cross_entropy(KernelContext& ctx) {
+  const Tensor& scores = ctx.input(0);
+  const Tensor& labels_t = ctx.input(1);
+  if (scores.rank() < 2) ctx.fail("scores must have rank 2 or more ([N, C, ...])");
+  int64_t n = scores.dim(0), c = scores.dim(1);
+  int64_t spatial = n * c != 0 ? scores.numel() / (n * c) : 0;
+  Shape item_shape = scores.shape();
+  item_shape.erase(item_shape.begin() + 1);
+  if (labels_t.shape() != item_shape)
+    ctx.fail(str_cat("labels must have shape ", item_shape, " for scores ", scores.shape(),
+                     ", got ", labels_t.shape()));
+  std::vector<int64_t> labels = labels_t.to_int64_vector();
+  const float* w = nullptr;
+  if (ctx.has_input(2)) {
+    const Tensor& wt = ctx.input(2);
+    if (wt.rank() != 1 || wt.dim(0) != c) ctx.fail(str_cat("weights must have shape [", c, "]"));
+    w = wt.data<float>();
+  }
+  bool has_ignore = ctx.node().has_attr("ignore_index");
+  int64_t ignore = ctx.node().attr_int("ignore_index", 0);
+  std::string reduction = ctx.node().attr_string("reduction", "mean");
+
+  // log_prob in [N, C, spatial] layout.
+  Tensor& logp = ctx.allocate_output(1, DType::kFloat32, scores.shape());
+  const float* ps = scores.data<float>();
+  float* pl = logp.data<float>();
+  parallel_for(ctx, n * spatial, c * 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t l = lo; l < hi; ++l) {
+      int64_t i = l / spatial, s = l % spatial;
+      int64_t base = i * c * spatial + s;
+      softmax_line<true>(ps + base, pl + base, c, spatial);
+    }
+  });
+  std::vector<float> loss(static_cast<size_t>(n * spatial));
+  double weight_sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t s = 0; s < spatial; ++s) {
+      int64_t idx = i * spatial + s;
+      int64_t label = labels[static_cast<size_t>(idx)];
+      if (has_ignore && label == ignore) {
+        loss[static_cast<size_t>(idx)] = 0;
+        continue;
+      }
+      if (label < 0 || label >= c)
+        ctx.fail(str_cat("label ", label, " at position ", idx, " is outside [0, ", c, ")"));
+      float wl = w ? w[label] : 1.0f;
+      loss[static_cast<size_t>(idx)] = -wl * pl[(i * c + label) * spatial + s];
+      weight_sum += wl;
+    }
+  if (reduction == "none") {
+    Tensor& out = ctx.allocate_output(0, DType::kFloat32, item_shape);
+    std::copy(loss.begin(), loss.end(), out.data<float>());
+    return;
+  }
+  double total = 0;
+  for (float v : loss) total += v;
+  Tensor& out = ctx.allocate_output(0, DType::kFloat32, {});
+  if (reduction == "sum")
+    out.data<float>()[0] = static_cast<float>(total);
+  else if (reduction == "mean")
+    out.data<float>()[0] = static_cast<float>(total / weight_sum);
+  else
+    ctx.fail("reduction must be none, sum or mean, not '" + reduction + "'");
+}
+
+const bool registered = [] {
+  register_kernel("", "Softmax", {DType::kFloat32}, softmax<false>);
+  register_kernel("", "LogSoftmax", {DType::kFloat32}, softmax<true>);
+  register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy);
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu
