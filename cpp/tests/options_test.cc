@@ -118,7 +118,9 @@ TEST_F(OptionsTest, PathsExpandHome) {
   Options o = make();
   o.set("cache_dir", "~/gt-cache");
   const char* home = std::getenv("HOME");
-  if (home) EXPECT_EQ(o.get_string("cache_dir"), std::string(home) + "/gt-cache");
+  if (home) {
+    EXPECT_EQ(o.get_string("cache_dir"), std::string(home) + "/gt-cache");
+  }
 }
 
 int g_notified = 0;

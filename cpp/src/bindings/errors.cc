@@ -1,3 +1,4 @@
+#include <cstring>
 #include <exception>
 
 #include "bindings/bindings.h"
@@ -12,7 +13,11 @@ namespace {
 // GraphtrainError and the matching built-in (ValueError for OptionError).
 void raise_python(const char* class_name, const char* message) {
   nb::object cls = nb::module_::import_("graphtrain.errors").attr(class_name);
-  PyErr_SetString(cls.ptr(), message);
+  // Names from a corrupted file may not be valid UTF-8: replace, never fail to raise.
+  PyObject* text =
+      PyUnicode_DecodeUTF8(message, static_cast<Py_ssize_t>(std::strlen(message)), "replace");
+  PyErr_SetObject(cls.ptr(), text);
+  Py_XDECREF(text);
 }
 
 }  // namespace

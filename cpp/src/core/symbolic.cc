@@ -159,6 +159,7 @@ std::optional<SymDim> SymDim::exact_div(const SymDim& o) const {
     return std::nullopt;
   }
   const auto& [dm, dc] = *o.terms_.begin();
+  if (dc == 0) return std::nullopt;
   SymDim r;
   for (const auto& [m, c] : terms_) {
     if (c % dc != 0) return std::nullopt;

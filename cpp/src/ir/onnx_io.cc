@@ -51,17 +51,28 @@ struct Reader {
       fail(str_cat(name, " has data type ", onnx_type_name(t.data_type()), " (", t.data_type(),
                    "), which graphtrain does not support"));
     Shape shape(t.dims().begin(), t.dims().end());
-    for (int64_t d : shape)
+    // Check the size against the data actually present before allocating anything.
+    uint64_t count = 1;
+    for (int64_t d : shape) {
       if (d < 0) fail(str_cat(name, " has a negative dimension in ", shape));
-    Tensor out = Tensor::empty(dtype, shape);
-    size_t nbytes = out.nbytes();
-    size_t n = static_cast<size_t>(out.numel());
-    auto expect_count = [&](size_t got, const char* field) {
-      if (got != n)
-        fail(str_cat(name, " of shape ", shape, " needs ", n, " values but ", field, " holds ",
-                     got));
-    };
-    if (t.data_location() == 1) {
+      if (d > 0 && count > (uint64_t{1} << 50) / static_cast<uint64_t>(d))
+        fail(str_cat(name, " has an impossible shape ", shape));
+      count *= static_cast<uint64_t>(d);
+    }
+    size_t n = static_cast<size_t>(count);
+    size_t nbytes = n * dtype_size(dtype);
+    bool external = t.data_location() == 1;
+    size_t present = external ? 0
+                     : t.has_raw_data()
+                         ? t.raw_data().size()
+                         : static_cast<size_t>(t.float_data_size() + t.double_data_size() +
+                                               t.int64_data_size() + t.int32_data_size()) *
+                               dtype_size(dtype);
+    if (!external && nbytes > present)
+      fail(str_cat(name, " of shape ", shape, " (", to_string(dtype), ") needs ", nbytes,
+                   " bytes of data but holds ", present));
+    const char* external_bytes = nullptr;
+    if (external) {
       std::string location;
       int64_t offset = 0, length = -1;
       for (const auto& kv : t.external_data()) {
@@ -75,10 +86,20 @@ struct Reader {
       const std::string& file = external_file(location);
       if (length < 0) length = static_cast<int64_t>(nbytes);
       if (offset < 0 || static_cast<size_t>(length) != nbytes ||
-          static_cast<size_t>(offset) + nbytes > file.size())
+          static_cast<size_t>(offset) > file.size() ||
+          nbytes > file.size() - static_cast<size_t>(offset))
         fail(str_cat(name, ": external data at offset ", offset, ", length ", length, " in '",
                      location, "' (", file.size(), " bytes) does not hold ", nbytes, " bytes"));
-      if (nbytes) std::memcpy(out.raw_data(), file.data() + offset, nbytes);
+      external_bytes = file.data() + offset;
+    }
+    Tensor out = Tensor::empty(dtype, shape);
+    auto expect_count = [&](size_t got, const char* field) {
+      if (got != n)
+        fail(str_cat(name, " of shape ", shape, " needs ", n, " values but ", field, " holds ",
+                     got));
+    };
+    if (external) {
+      if (nbytes) std::memcpy(out.raw_data(), external_bytes, nbytes);
     } else if (t.has_raw_data()) {
       if (t.raw_data().size() != nbytes)
         fail(str_cat(name, " of shape ", shape, " needs ", nbytes, " bytes of raw data, has ",

@@ -137,6 +137,10 @@ Window window(const InferenceContext& ctx, size_t spatial, const std::vector<int
       w.pads.size() != 2 * spatial)
     ctx.fail(
         str_cat("kernel_shape, strides, dilations and pads must cover ", spatial, " spatial dims"));
+  for (size_t i = 0; i < spatial; ++i)
+    if (w.kernel[i] < 1 || w.strides[i] < 1 || w.dilations[i] < 1 || w.pads[i] < 0 ||
+        w.pads[i + spatial] < 0)
+      ctx.fail("kernel_shape, strides and dilations must be positive and pads not negative");
   return w;
 }
 

@@ -272,6 +272,7 @@ void split(InferenceContext& ctx) {
   const SymShape* in = ctx.input_shape(0);
   DType dtype = ctx.input_dtype(0);
   size_t n = ctx.num_outputs();
+  if (n == 0) ctx.fail("Split needs at least one output");
   if (!in) {
     for (size_t i = 0; i < n; ++i) ctx.set_output(i, dtype, std::nullopt);
     return;

@@ -31,6 +31,9 @@ Geometry geometry(KernelContext& ctx, const Shape& x, std::vector<int64_t> kerne
   if (kernel.size() != spatial) ctx.fail(str_cat("kernel_shape must have ", spatial, " values"));
   std::vector<int64_t> strides = ints("strides", spatial, 1), dil = ints("dilations", spatial, 1);
   std::vector<int64_t> pads = ints("pads", 2 * spatial, 0);
+  for (size_t i = 0; i < spatial; ++i)
+    if (kernel[i] < 1 || strides[i] < 1 || dil[i] < 1 || pads[i] < 0 || pads[i + spatial] < 0)
+      ctx.fail("kernel_shape, strides and dilations must be positive and pads not negative");
   std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
   Shape in(x.begin() + 2, x.end());
   std::vector<int64_t> out(spatial);

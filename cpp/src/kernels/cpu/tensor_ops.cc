@@ -243,6 +243,7 @@ void split(KernelContext& ctx) {
   int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
   int64_t dim = x.dim(static_cast<size_t>(axis));
   size_t n = ctx.num_outputs();
+  if (n == 0) ctx.fail("Split needs at least one output");
   std::vector<int64_t> sizes;
   if (ctx.has_input(1))
     sizes = int_input(ctx, 1);

@@ -1,0 +1,66 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "graphtrain/error.h"
+#include "graphtrain/session.h"
+#include "graphtrain/thread_pool.h"
+#include "test_graphs.h"
+
+namespace graphtrain {
+namespace {
+
+TEST(Session, RunsAndRebindsSymbolicDims) {
+  Session s(testing::small_mlp());
+  for (int64_t batch : {1, 3, 5}) {
+    std::vector<float> xs(static_cast<size_t>(batch * 8));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(static_cast<float>(i));
+    auto out = s.run({Tensor::from_vector(DType::kFloat32, {batch, 8}, xs)});
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].shape(), (Shape{batch, 2, 2}));
+    // Each row is a softmax: sums to one.
+    for (int64_t r = 0; r < batch; ++r) {
+      float sum = 0;
+      for (int k = 0; k < 4; ++k) sum += out[0].data<float>()[r * 4 + k];
+      EXPECT_NEAR(sum, 1.0f, 1e-6f);
+    }
+  }
+}
+
+TEST(Session, InputErrorsNameTheInput) {
+  Session s(testing::small_mlp());
+  try {
+    s.run({Tensor::zeros(DType::kFloat32, {2, 7})});
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x' dim 1 must be 8"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(s.run({Tensor::zeros(DType::kInt64, {2, 8})}), InputError);
+  EXPECT_THROW(s.run(std::vector<Tensor>{}), InputError);
+}
+
+TEST(ThreadPool, CoversTheRangeOnceAndPropagatesErrors) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(10007);
+  pool.parallel_for(10007, 10, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) hits[static_cast<size_t>(i)]++;
+  });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_THROW(pool.parallel_for(100, 1,
+                                 [](int64_t lo, int64_t) {
+                                   if (lo > 50) throw Error("boom");
+                                 }),
+               Error);
+  // Nested loops run serially inside a task instead of deadlocking or oversubscribing.
+  std::atomic<int64_t> total{0};
+  pool.parallel_for(8, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      pool.parallel_for(100, 1, [&](int64_t a, int64_t b) { total += b - a; });
+  });
+  EXPECT_EQ(total.load(), 800);
+}
+
+}  // namespace
+}  // namespace graphtrain
