@@ -120,10 +120,11 @@ class CNN(nn.Module):
         return self.fc(x)
 
 
-def example_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def example_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0,
+                   width: int = 32, image: int = 16) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     if name == "mlp":
-        return (torch.randn(batch, 32, generator=g),)
+        return (torch.randn(batch, width, generator=g),)
     if name == "encoder":
         ids = torch.randint(0, 50, (batch, seq), generator=g)
         lengths = torch.randint(1, seq + 1, (batch,), generator=g)
@@ -132,13 +133,13 @@ def example_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0) -> t
     if name == "gpt":
         return (torch.randint(0, 64, (batch, seq), generator=g), torch.randint(0, 64, (batch, seq), generator=g))
     if name == "cnn":
-        return (torch.randn(batch, 3, 16, 16, generator=g),)
+        return (torch.randn(batch, 3, image, image, generator=g),)
     raise KeyError(name)
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
+def build(name: str, seed: int = 0, **sizes: int) -> nn.Module:
     torch.manual_seed(seed)
-    model = {"mlp": MLP, "encoder": Encoder, "gpt": GPT, "cnn": CNN}[name]()
+    model = {"mlp": MLP, "encoder": Encoder, "gpt": GPT, "cnn": CNN}[name](**sizes)
     if name == "cnn":  # non-trivial running statistics for the eval-mode export
         model.train()
         with torch.no_grad():
@@ -156,15 +157,18 @@ DYNAMIC_AXES = {
 }
 
 
-def export(name: str, path: str, dynamic: bool = True, opset: int = 18) -> nn.Module:
-    """Exports model `name` to ONNX with torch's TorchScript-based exporter (no extra packages)."""
+def export(name: str, path: str, dynamic: bool = True, opset: int = 18, example: dict | None = None,
+           **sizes: int) -> nn.Module:
+    """Exports model `name` (built with `sizes`) to ONNX with torch's TorchScript-based exporter
+    (no extra packages); `example` are keyword arguments of example_inputs."""
     import warnings
 
-    model = build(name)
+    model = build(name, **sizes)
+    example = example_inputs(name, **(example or {}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            model, example_inputs(name), path, dynamo=False, opset_version=opset,
+            model, example, path, dynamo=False, opset_version=opset,
             input_names=INPUT_NAMES[name], output_names=["out"],
             dynamic_axes={**DYNAMIC_AXES[name], "out": {}} if dynamic else None,
         )

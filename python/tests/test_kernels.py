@@ -400,3 +400,19 @@ def test_strided_and_torch_inputs(tmp_path):
     torch.testing.assert_close(out, a + b)
     (out_np,) = sess.run({"a": a.numpy(), "b": b.numpy()})
     np.testing.assert_allclose(out_np, (a + b).numpy())
+
+
+@pytest.mark.parametrize("op, ref", [
+    ("Exp", np.exp), ("Tanh", np.tanh), ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+    ("Erf", lambda x: torch.erf(torch.from_numpy(x)).numpy()),
+])
+def test_vectorized_math_accuracy_over_a_dense_range(op, ref):
+    """The kernels' own exp/erf/tanh (8 lanes at a time) against float64 references."""
+    x = np.concatenate([np.linspace(-30, 30, 200_001), [0.0, -0.0, 1e-8, -1e-8, 88.0, -87.0, 100.0, -100.0]])
+    x = x.astype(np.float32)
+    (out,) = run_node(op, {"x": x})
+    with np.errstate(over="ignore"):
+        expected = ref(x.astype(np.float64)).astype(np.float32)  # overflow to inf as float32 does
+    np.testing.assert_allclose(out, expected, rtol=3e-7 * 8, atol=1e-37)
+    (nan,) = run_node(op, {"x": np.array([np.nan], np.float32)})
+    assert np.isnan(nan).all()

@@ -2,6 +2,7 @@
 // __dlpack__ or the buffer protocol) with zero copy when they are contiguous.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -13,6 +14,7 @@
 #include "graphtrain/ops.h"
 #include "graphtrain/session.h"
 #include "graphtrain/strings.h"
+#include "graphtrain/thread_pool.h"
 #include "graphtrain/verifier.h"
 
 namespace nb = nanobind;
@@ -175,6 +177,12 @@ nb::list run_session(Session& s, nb::handle feeds) {
   return result;
 }
 
+// A Session with, optionally, a thread pool of its own (num_threads > 0).
+struct PySession {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Session> session;
+};
+
 // A loaded model for inspection: shapes, verification, saving.
 struct Model {
   Graph graph;
@@ -204,12 +212,36 @@ nb::dict value_types(const Graph& g) {
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-  nb::class_<Session>(m, "Session")
-      .def(nb::init<const std::string&>(), nb::arg("path"),
-           nb::call_guard<nb::gil_scoped_release>())
-      .def_prop_ro("input_names", &Session::input_names)
-      .def_prop_ro("output_names", &Session::output_names)
-      .def("run", &run_session, nb::arg("feeds"));
+  nb::class_<PySession>(m, "Session")
+      .def(
+          "__init__",
+          [](PySession* self, const std::string& path, int num_threads) {
+            new (self) PySession();
+            SessionOptions options;
+            if (num_threads > 0) {
+              pin_blas_to_one_thread();
+              self->pool = std::make_unique<ThreadPool>(num_threads);
+              options.pool = self->pool.get();
+            }
+            nb::gil_scoped_release release;
+            self->session = std::make_unique<Session>(path, options);
+          },
+          nb::arg("path"), nb::arg("num_threads") = 0,
+          "Loads and plans an ONNX model. num_threads > 0 gives the session a thread pool of "
+          "its own; 0 uses graphtrain's pool (GRAPHTRAIN_NUM_THREADS).")
+      .def_prop_ro("input_names", [](const PySession& s) { return s.session->input_names(); })
+      .def_prop_ro("output_names", [](const PySession& s) { return s.session->output_names(); })
+      .def(
+          "run", [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds); },
+          nb::arg("feeds"),
+          "Runs the model on a dict {name: array} or a list in input order; returns the outputs "
+          "as numpy arrays, or as torch tensors when any input was one.")
+      .def(
+          "set_profiling", [](PySession& s, bool on) { s.session->set_profiling(on); },
+          nb::arg("enabled"), "Per-op timing of later runs (profile() reads it).")
+      .def(
+          "profile", [](const PySession& s) { return s.session->profile(); },
+          "op -> (milliseconds, calls) since profiling was enabled");
 
   nb::class_<Model>(m, "Model")
       .def(

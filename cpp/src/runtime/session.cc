@@ -1,6 +1,7 @@
 #include "graphtrain/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "graphtrain/error.h"
@@ -30,6 +31,8 @@ struct Session::Plan {
   std::vector<int> output_slots;
   std::vector<std::pair<int, Tensor>> constants;
   bool memory_reported = false;
+  bool profiling = false;
+  std::map<std::string, std::pair<double, int64_t>> profile;
 };
 
 namespace {
@@ -206,7 +209,16 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
       step.kernel_dtype = dtype;
     }
     KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
-    step.kernel->compute(ctx);
+    if (plan.profiling) {
+      auto t0 = std::chrono::steady_clock::now();
+      step.kernel->compute(ctx);
+      auto& entry = plan.profile[step.node->qualified_op()];
+      entry.first +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      entry.second += 1;
+    } else {
+      step.kernel->compute(ctx);
+    }
     for (int s : step.release) slots[static_cast<size_t>(s)] = Tensor();
   }
 
@@ -219,6 +231,15 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
             m.peak_bytes, " bytes");
   }
   return result;
+}
+
+void Session::set_profiling(bool enabled) {
+  plan_->profiling = enabled;
+  if (enabled) plan_->profile.clear();
+}
+
+std::map<std::string, std::pair<double, int64_t>> Session::profile() const {
+  return plan_->profile;
 }
 
 }  // namespace graphtrain

@@ -183,21 +183,24 @@ void max_pool(KernelContext& ctx) {
   parallel_for(ctx, g.n * g.c, g.oh * g.ow * g.kh * g.kw, [&](int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) {
       const float* src = px + p * g.h * g.w;
-      for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        // The window rows inside the input: i in [i0, i1).
+        int64_t y0 = oy * g.sh - g.ph0;
+        int64_t i0 = y0 >= 0 ? 0 : (-y0 + g.dh - 1) / g.dh;
+        int64_t i1 = std::min(g.kh, (g.h - y0 + g.dh - 1) / g.dh);
         for (int64_t ox = 0; ox < g.ow; ++ox) {
+          int64_t x0 = ox * g.sw - g.pw0;
+          int64_t j0 = x0 >= 0 ? 0 : (-x0 + g.dw - 1) / g.dw;
+          int64_t j1 = std::min(g.kw, (g.w - x0 + g.dw - 1) / g.dw);
           float best = -std::numeric_limits<float>::infinity();
           int64_t arg = -1;
-          for (int64_t i = 0; i < g.kh; ++i) {
-            int64_t iy = oy * g.sh - g.ph0 + i * g.dh;
-            if (iy < 0 || iy >= g.h) continue;
-            for (int64_t j = 0; j < g.kw; ++j) {
-              int64_t ix = ox * g.sw - g.pw0 + j * g.dw;
-              if (ix < 0 || ix >= g.w) continue;
-              float v = src[iy * g.w + ix];
-              if (arg < 0 || v > best || std::isnan(v)) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const float* row = src + (y0 + i * g.dh) * g.w + x0;
+            for (int64_t j = j0; j < j1; ++j) {
+              float v = row[j * g.dw];
+              if (arg < 0 || v > best || (v != v && best == best)) {
                 best = v;
-                arg = iy * g.w + ix;
-                if (std::isnan(v)) break;
+                arg = (y0 + i * g.dh) * g.w + x0 + j * g.dw;
               }
             }
           }
@@ -205,6 +208,7 @@ void max_pool(KernelContext& ctx) {
           py[o] = best;
           if (idx) idx[o] = arg < 0 ? -1 : p * g.h * g.w + arg;
         }
+      }
     }
   });
 }

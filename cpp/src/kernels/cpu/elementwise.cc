@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -21,6 +22,17 @@ void unary_f32(KernelContext& ctx, int64_t cost, F f) {
   parallel_for(ctx, x.numel(), cost, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) py[i] = f(px[i]);
   });
+}
+
+// f is callable on vec::f8 and on float (a generic lambda): 8 lanes at a time, scalar tail.
+template <typename F>
+void unary_vec(KernelContext& ctx, int64_t cost, F f) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(ctx, x.numel(), cost,
+               [&](int64_t lo, int64_t hi) { vec::map(px + lo, py + lo, hi - lo, f); });
 }
 
 template <typename T, typename F>

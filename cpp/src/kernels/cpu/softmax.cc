@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -14,10 +15,16 @@ void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
   if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
   float sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float e = std::exp(x[i * stride] - mx);
-    if (!kLog) y[i * stride] = e;
-    sum += e;
+  if (stride == 1) {
+    // y holds exp(x - max) first (for log-softmax only as scratch).
+    vec::map(x, y, n, [mx](auto v) { return vec::exp(v - mx); });
+    for (int64_t i = 0; i < n; ++i) sum += y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      float e = vec::exp(x[i * stride] - mx);
+      y[i * stride] = e;
+      sum += e;
+    }
   }
   if (kLog) {
     float lse = std::log(sum) + mx;

@@ -1,0 +1,41 @@
+"""Describes the machine a benchmark ran on, for bench/results/."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def describe() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        text = open("/proc/cpuinfo").read()
+        flags = " ".join(f for f in ("avx2", "fma", "avx512f") if f" {f}" in text)
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    import numpy
+    import torch
+
+    versions = f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}"
+    try:
+        import onnxruntime
+
+        versions += f", onnxruntime {onnxruntime.__version__}"
+    except ImportError:
+        pass
+    return f"{cpu} ({flags}), {os.cpu_count()} cores, {mem}; {platform.system()} {platform.release()}; {versions}"
