@@ -117,7 +117,9 @@ TEST_F(CaptureTest, TwoThreadsAndNestingAreSafe) {
         OutputCapture inner("nested");
         // Nested in a redirecting capture of the same thread: joins it. (When the other thread
         // held the descriptors, `outer` did not redirect and `inner` may, once they are free.)
-        if (outer.redirecting()) EXPECT_FALSE(inner.redirecting());
+        if (outer.redirecting()) {
+          EXPECT_FALSE(inner.redirecting());
+        }
         native_write(1, "[graphtrain-noise] t\n");
         inner.finish();
         outer.finish();

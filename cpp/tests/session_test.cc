@@ -64,3 +64,24 @@ TEST(ThreadPool, CoversTheRangeOnceAndPropagatesErrors) {
 
 }  // namespace
 }  // namespace graphtrain
+
+namespace graphtrain {
+namespace {
+
+TEST(Arena, PlacesTensorsAtOffsetsAndStaysAlive) {
+  Tensor a, b;
+  {
+    auto arena = Arena::create(1024);
+    a = arena->place(0, DType::kFloat32, {4, 4});
+    b = arena->place(128, DType::kInt64, {8});
+    EXPECT_THROW(arena->place(1000, DType::kFloat32, {16}), Error);
+    EXPECT_THROW(arena->place(3, DType::kFloat32, {1}), Error);
+  }  // the tensors keep the block alive
+  for (int i = 0; i < 16; ++i) a.data<float>()[i] = 1.5f;
+  for (int i = 0; i < 8; ++i) b.data<int64_t>()[i] = -1;
+  EXPECT_EQ(a.data<float>()[15], 1.5f);  // no overlap
+  EXPECT_EQ(static_cast<char*>(b.raw_data()) - static_cast<char*>(a.raw_data()), 128);
+}
+
+}  // namespace
+}  // namespace graphtrain

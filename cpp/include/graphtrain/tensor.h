@@ -46,6 +46,22 @@ struct MemoryStats {
 MemoryStats memory_stats();
 void reset_peak_memory();
 
+class Tensor;
+
+// One block of memory that tensors are placed into at planned offsets (64-byte aligned); each
+// tensor keeps the block alive. The memory planner lays out a plan's intermediates in an arena.
+class Arena : public std::enable_shared_from_this<Arena> {
+ public:
+  static std::shared_ptr<Arena> create(size_t bytes);
+  size_t bytes() const { return storage_->bytes(); }
+  // A tensor at `offset` bytes; throws when it does not fit or the offset is misaligned.
+  Tensor place(size_t offset, DType dtype, Shape shape);
+
+ private:
+  explicit Arena(std::shared_ptr<Storage> storage) : storage_(std::move(storage)) {}
+  std::shared_ptr<Storage> storage_;
+};
+
 class Tensor {
  public:
   Tensor() = default;
@@ -84,6 +100,7 @@ class Tensor {
   std::string describe() const;  // "float32[2, 3]"
 
  private:
+  friend class Arena;
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes
   DType dtype_ = DType::kUndefined;

@@ -135,6 +135,26 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
   return out;
 }
 
+std::shared_ptr<Arena> Arena::create(size_t bytes) {
+  return std::shared_ptr<Arena>(new Arena(Storage::allocate(bytes)));
+}
+
+Tensor Arena::place(size_t offset, DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  if (offset % kAlignment != 0)
+    throw Error(str_cat("arena offset ", offset, " is not a multiple of ", kAlignment));
+  if (offset > bytes() || t.nbytes() > bytes() - offset)
+    throw Error(str_cat("a tensor of ", t.nbytes(), " bytes at offset ", offset,
+                        " does not fit an arena of ", bytes(), " bytes"));
+  // The tensor's storage is a window of the arena's block that holds the arena alive.
+  std::shared_ptr<Arena> self = shared_from_this();
+  t.storage_ = Storage::borrow(static_cast<char*>(storage_->data()) + offset, t.nbytes(),
+                               [self] {});
+  return t;
+}
+
 std::string Tensor::describe() const {
   return str_cat(to_string(dtype_), shape_);
 }
