@@ -139,6 +139,8 @@ class Graph {
   Value* add_op(const std::string& op_type, const std::vector<Value*>& inputs,
                 std::map<std::string, Attribute> attributes = {}, const std::string& domain = "");
   void remove_node(Node* node);  // its outputs must be unused
+  // Gives `node` an output at `index` (an optional output it did not produce before).
+  Value* set_node_output(Node* node, size_t index, const std::string& name);
   void replace_input(Node* node, size_t index, Value* v);
   void replace_all_uses(Value* from, Value* to);
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "bindings/bindings.h"
+#include "graphtrain/autodiff.h"
 #include "graphtrain/error.h"
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
@@ -177,15 +178,15 @@ nb::list run_session(Session& s, nb::handle feeds) {
   return result;
 }
 
+// A loaded model for inspection: shapes, verification, saving.
+struct Model {
+  Graph graph;
+};
+
 // A Session with, optionally, a thread pool of its own (num_threads > 0).
 struct PySession {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Session> session;
-};
-
-// A loaded model for inspection: shapes, verification, saving.
-struct Model {
-  Graph graph;
 };
 
 nb::dict value_types(const Graph& g) {
@@ -229,6 +230,21 @@ void bind_engine(nb::module_& m) {
           nb::arg("path"), nb::arg("num_threads") = 0,
           "Loads and plans an ONNX model. num_threads > 0 gives the session a thread pool of "
           "its own; 0 uses graphtrain's pool (GRAPHTRAIN_NUM_THREADS).")
+      .def(
+          "__init__",
+          [](PySession* self, const Model& model, int num_threads) {
+            new (self) PySession();
+            SessionOptions options;
+            if (num_threads > 0) {
+              pin_blas_to_one_thread();
+              self->pool = std::make_unique<ThreadPool>(num_threads);
+              options.pool = self->pool.get();
+            }
+            Graph copy = clone_graph(model.graph);
+            nb::gil_scoped_release release;
+            self->session = std::make_unique<Session>(std::move(copy), options);
+          },
+          nb::arg("model"), nb::arg("num_threads") = 0, "Plans an in-memory Model.")
       .def_prop_ro("input_names", [](const PySession& s) { return s.session->input_names(); })
       .def_prop_ro("output_names", [](const PySession& s) { return s.session->output_names(); })
       .def(
@@ -283,6 +299,21 @@ void bind_engine(nb::module_& m) {
             save_onnx(self.graph, path, opt);
           },
           nb::arg("path"), nb::arg("external_data_threshold") = 0)
+      .def(
+          "gradient_graphs",
+          [](const Model& self, const std::vector<std::string>& outputs,
+             const std::vector<std::string>& wrt, bool seed_with_ones) {
+            GradientGraphs gg = build_gradient_graphs(self.graph, {outputs, seed_with_ones, wrt});
+            nb::dict info;
+            info["stashed"] = gg.stashed;
+            info["grad_inputs"] = gg.grad_inputs;
+            info["grads"] = gg.grads;
+            return nb::make_tuple(Model{std::move(gg.forward)}, Model{std::move(gg.backward)}, info);
+          },
+          nb::arg("outputs"), nb::arg("wrt"), nb::arg("seed_with_ones") = false,
+          "Builds (forward, backward, info): the forward graph also returns info['stashed']; the "
+          "backward graph takes info['grad_inputs'] then the stashed values and returns the "
+          "gradients named in info['grads'] ('' where an input gets none).")
       .def("to_bytes", [](const Model& self) {
         std::string s = serialize_onnx(self.graph);
         return nb::bytes(s.data(), s.size());

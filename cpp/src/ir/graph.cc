@@ -212,6 +212,17 @@ void Graph::remove_node(Node* node) {
   std::erase_if(nodes_, [node](const auto& p) { return p.get() == node; });
 }
 
+Value* Graph::set_node_output(Node* node, size_t index, const std::string& name) {
+  if (index < node->outputs_.size() && node->outputs_[index])
+    throw GraphError(node->describe() + " already has output " + std::to_string(index));
+  Value* v = add_value(name);
+  v->producer_ = node;
+  v->producer_output_ = static_cast<int>(index);
+  if (node->outputs_.size() <= index) node->outputs_.resize(index + 1, nullptr);
+  node->outputs_[index] = v;
+  return v;
+}
+
 void Graph::replace_input(Node* node, size_t index, Value* v) {
   Value* old = node->inputs_.at(index);
   if (old) {

@@ -1,6 +1,7 @@
 // CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) by im2col + GEMM, MaxPool,
 // AveragePool and GlobalAveragePool.
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/common.h"
@@ -166,6 +167,93 @@ void conv(KernelContext& ctx) {
   }
 }
 
+// The adjoint of im2col: x[c, iy, ix] += col[(c*kh + i)*kw + j, oy*ow + ox].
+void col2im(const float* col, int64_t channels, const Geometry& g, float* x) {
+  int64_t cols = g.oh * g.ow;
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const float* src = col + ((c * g.kh + i) * g.kw + j) * cols;
+        float* dst = x + c * g.h * g.w;
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          int64_t iy = oy * g.sh - g.ph0 + i * g.dh;
+          if (iy < 0 || iy >= g.h) continue;
+          const float* row = src + oy * g.ow;
+          float* drow = dst + iy * g.w;
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            int64_t ix = ox * g.sw - g.pw0 + j * g.dw;
+            if (ix >= 0 && ix < g.w) drow[ix] += row[ox];
+          }
+        }
+      }
+}
+
+// ConvGrad(dY, X, W) -> dX, dW, dB with Conv's attributes.
+void conv_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& w = ctx.input(2);
+  std::vector<int64_t> kernel = ctx.node().attr_ints("kernel_shape");
+  if (kernel.empty()) kernel.assign(w.shape().begin() + 2, w.shape().end());
+  Geometry g = geometry(ctx, x.shape(), kernel, false);
+  int64_t group = ctx.node().attr_int("group", 1);
+  int64_t m = w.dim(0), cg = w.dim(1);
+  if (group <= 0 || g.c != cg * group || m % group != 0) ctx.fail("X, W and group do not match");
+  int64_t mg = m / group, kdim = cg * g.kh * g.kw, cols = g.oh * g.ow;
+  const float* pdy = dy.data<float>();
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  float* dx = nullptr;
+  if (ctx.output_requested(0)) {
+    Tensor& t = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    std::memset(t.raw_data(), 0, t.nbytes());
+    dx = t.data<float>();
+  }
+  bool want_w = ctx.output_requested(1);
+  int threads = ctx.pool().num_threads();
+  int64_t per = (g.n + threads - 1) / std::max(threads, 1);
+  std::vector<std::vector<float>> dw_parts(static_cast<size_t>(threads));
+  ctx.pool().parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      std::vector<float> col(static_cast<size_t>(kdim * cols)), dcol(static_cast<size_t>(kdim * cols));
+      auto& dw = dw_parts[static_cast<size_t>(t)];
+      if (want_w) dw.assign(static_cast<size_t>(m * kdim), 0.0f);
+      for (int64_t b = t * per; b < std::min(g.n, (t + 1) * per); ++b)
+        for (int64_t gi = 0; gi < group; ++gi) {
+          const float* dyg = pdy + (b * m + gi * mg) * cols;
+          if (want_w) {
+            im2col(px + (b * g.c + gi * cg) * g.h * g.w, cg, g, col.data());
+            sgemm_serial(false, true, mg, kdim, cols, 1.0f, dyg, cols, col.data(), cols, 1.0f,
+                         dw.data() + gi * mg * kdim, kdim);
+          }
+          if (dx) {
+            sgemm_serial(true, false, kdim, cols, mg, 1.0f, pw + gi * mg * kdim, kdim, dyg, cols, 0.0f,
+                         dcol.data(), cols);
+            col2im(dcol.data(), cg, g, dx + (b * g.c + gi * cg) * g.h * g.w);
+          }
+        }
+    }
+  });
+  if (want_w) {
+    float* dw = ctx.allocate_output(1, DType::kFloat32, w.shape()).data<float>();
+    std::fill(dw, dw + m * kdim, 0.0f);
+    for (auto& part : dw_parts)
+      if (!part.empty())
+        for (int64_t i = 0; i < m * kdim; ++i) dw[i] += part[static_cast<size_t>(i)];
+  }
+  if (ctx.output_requested(2)) {
+    float* db = ctx.allocate_output(2, DType::kFloat32, {m}).data<float>();
+    for (int64_t o = 0; o < m; ++o) {
+      double s = 0;
+      for (int64_t b = 0; b < g.n; ++b) {
+        const float* row = pdy + (b * m + o) * cols;
+        for (int64_t k = 0; k < cols; ++k) s += row[k];
+      }
+      db[o] = static_cast<float>(s);
+    }
+  }
+}
+
 void max_pool(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.rank() < 3) ctx.fail("X must have rank 3 or 4");
@@ -249,6 +337,43 @@ void average_pool(KernelContext& ctx) {
   });
 }
 
+// AveragePoolGrad(dY, shape of X): each output's gradient spread evenly over its window.
+void average_pool_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  std::vector<int64_t> xs = ctx.input(1).to_int64_vector();
+  Shape xshape(xs.begin(), xs.end());
+  Geometry g = geometry(ctx, xshape, ctx.node().attr(std::string("kernel_shape"), Attribute::Kind::kInts).ints,
+                        ctx.node().attr_int("ceil_mode", 0) != 0);
+  bool include_pad = ctx.node().attr_int("count_include_pad", 0) != 0;
+  Tensor& dx = ctx.allocate_output(0, DType::kFloat32, xshape);
+  std::memset(dx.raw_data(), 0, dx.nbytes());
+  const float* pg = dy.data<float>();
+  float* po = dx.data<float>();
+  parallel_for(ctx, g.n * g.c, g.oh * g.ow * g.kh * g.kw, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      float* dst = po + p * g.h * g.w;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          int64_t count = 0, padded = 0;
+          for (int64_t i = 0; i < g.kh; ++i)
+            for (int64_t j = 0; j < g.kw; ++j) {
+              int64_t iy = oy * g.sh - g.ph0 + i * g.dh, ix = ox * g.sw - g.pw0 + j * g.dw;
+              if (iy >= -g.ph0 && iy < g.h + g.ph1 && ix >= -g.pw0 && ix < g.w + g.pw1) ++padded;
+              if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ++count;
+            }
+          int64_t div = include_pad ? padded : count;
+          if (!div) continue;
+          float v = pg[(p * g.oh + oy) * g.ow + ox] / static_cast<float>(div);
+          for (int64_t i = 0; i < g.kh; ++i)
+            for (int64_t j = 0; j < g.kw; ++j) {
+              int64_t iy = oy * g.sh - g.ph0 + i * g.dh, ix = ox * g.sw - g.pw0 + j * g.dw;
+              if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) dst[iy * g.w + ix] += v;
+            }
+        }
+    }
+  });
+}
+
 void global_average_pool(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.rank() < 3) ctx.fail("X must have rank 3 or more");
@@ -275,6 +400,8 @@ const bool registered = [] {
   register_kernel("", "MaxPool", {DType::kFloat32}, max_pool);
   register_kernel("", "AveragePool", {DType::kFloat32}, average_pool);
   register_kernel("", "GlobalAveragePool", {DType::kFloat32}, global_average_pool);
+  register_kernel(kGraphtrainDomain, "ConvGrad", {DType::kFloat32}, conv_grad);
+  register_kernel(kGraphtrainDomain, "AveragePoolGrad", {DType::kFloat32}, average_pool_grad);
   return true;
 }();
 

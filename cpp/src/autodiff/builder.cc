@@ -1,0 +1,419 @@
+// The gradient graph builder: reverse-mode differentiation over the IR, then a split of the
+// combined graph into a forward graph (with stashed outputs) and a backward graph.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "graphtrain/autodiff.h"
+#include "graphtrain/error.h"
+#include "graphtrain/log.h"
+#include "graphtrain/ops.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+
+// ---- rule registry ------------------------------------------------------------------------------
+
+namespace {
+
+struct RuleRegistry {
+  std::mutex mutex;
+  std::map<std::pair<std::string, std::string>, GradientRule> rules;
+};
+
+RuleRegistry& rules() {
+  static RuleRegistry r;
+  return r;
+}
+
+bool is_float(const Value* v) { return v && is_floating(v->type.dtype); }
+
+void infer_node(Graph& g, Node* n) {
+  if (const ShapeInferer* fn = find_shape_inferer(n->domain, n->op_type)) {
+    InferenceContext ctx(*n, g);
+    (*fn)(ctx);
+  }
+}
+
+// Copies `nodes` of `src` into a new graph with the given inputs, initializers and outputs.
+// Values produced by a Constant node outside `nodes` are copied with their Constant node.
+Graph extract(const Graph& src, const std::vector<Node*>& nodes, const std::vector<Value*>& inputs,
+              const std::vector<Value*>& outputs, const std::string& name) {
+  Graph g;
+  g.name = name;
+  g.opset_imports = src.opset_imports;
+  g.ir_version = src.ir_version;
+  std::unordered_map<const Value*, Value*> map;
+  for (Value* v : inputs) {
+    Value* nv = g.add_input(v->name(), v->type);
+    nv->sym_value = v->sym_value;
+    map[v] = nv;
+  }
+  std::unordered_set<const Node*> inside(nodes.begin(), nodes.end());
+  auto lookup = [&](Value* v) -> Value* {
+    if (!v) return nullptr;
+    auto it = map.find(v);
+    if (it != map.end()) return it->second;
+    if (v->is_initializer()) return map[v] = g.add_initializer(v->name(), v->initializer);
+    Node* p = v->producer();
+    if (p && p->op_type == "Constant" && p->domain.empty() && !inside.count(p)) {
+      Node* c = g.add_node("Constant", {}, {v->name()}, "", p->name);
+      c->attributes = p->attributes;
+      c->outputs()[0]->type = v->type;
+      c->outputs()[0]->sym_value = v->sym_value;
+      return map[v] = c->outputs()[0];
+    }
+    throw GraphError("graph split: value '" + v->name() + "' is read in graph '" + name +
+                     "' but neither produced there nor passed in");
+  };
+  for (Node* n : nodes) {
+    std::vector<Value*> ins;
+    for (Value* in : n->inputs()) ins.push_back(lookup(in));
+    std::vector<std::string> outs;
+    for (Value* out : n->outputs()) outs.push_back(out ? out->name() : "");
+    Node* c = g.add_node(n->op_type, ins, outs, n->domain, n->name);
+    c->attributes = n->attributes;
+    c->scope = n->scope;
+    for (size_t i = 0; i < n->outputs().size(); ++i)
+      if (Value* o = n->outputs()[i]) {
+        c->outputs()[i]->type = o->type;
+        c->outputs()[i]->sym_value = o->sym_value;
+        map[o] = c->outputs()[i];
+      }
+  }
+  for (Value* v : outputs) g.add_output(lookup(v));
+  return g;
+}
+
+}  // namespace
+
+void register_gradient(const std::string& domain, const std::string& op_type, GradientRule rule) {
+  auto& r = rules();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.rules[{domain == "ai.onnx" ? "" : domain, op_type}] = std::move(rule);
+}
+
+const GradientRule* find_gradient(const std::string& domain, const std::string& op_type) {
+  auto& r = rules();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.rules.find({domain == "ai.onnx" ? "" : domain, op_type});
+  return it == r.rules.end() ? nullptr : &it->second;
+}
+
+Graph clone_graph(const Graph& graph) {
+  std::vector<Value*> inputs = graph.inputs();
+  return extract(graph, graph.topological_order(), inputs, graph.outputs(), graph.name);
+}
+
+size_t eliminate_dead_nodes(Graph& graph) {
+  size_t removed = 0;
+  std::unordered_set<const Value*> outputs(graph.outputs().begin(), graph.outputs().end());
+  auto order = graph.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    bool used = false;
+    for (Value* out : n->outputs())
+      if (out && (!out->uses().empty() || outputs.count(out))) used = true;
+    if (!used) {
+      graph.remove_node(n);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+// ---- the builder --------------------------------------------------------------------------------
+
+class GradientBuilder {
+ public:
+  explicit GradientBuilder(Graph& g) : g_(g) {}
+
+  Graph& graph() { return g_; }
+
+  std::vector<Value*> emit(const std::string& op_type, const std::vector<Value*>& inputs,
+                           size_t num_outputs, std::map<std::string, Attribute> attributes,
+                           const std::string& domain, const std::vector<bool>& want,
+                           const std::string& scope) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < num_outputs; ++i)
+      names.push_back(i < want.size() && !want[i] ? "" : g_.unique_name(op_type + "_grad"));
+    Node* n = g_.add_node(op_type, inputs, names, domain, g_.unique_name(op_type + "_Grad"));
+    n->attributes = std::move(attributes);
+    n->scope = scope;
+    builder_nodes_.insert(n);
+    infer_node(g_, n);
+    return n->outputs();
+  }
+
+  Value* shape_of(Value* v, const std::string& scope) {
+    auto it = shapes_.find(v);
+    if (it != shapes_.end()) return it->second;
+    return shapes_[v] = emit("Shape", {v}, 1, {}, "", {}, scope)[0];
+  }
+
+  void add_grad(Value* v, Value* grad) { contributions_[v].push_back(grad); }
+
+  // The sum of the contributions to v's gradient (nullptr when there are none).
+  Value* total_grad(Value* v, const std::string& scope) {
+    auto it = contributions_.find(v);
+    if (it == contributions_.end() || it->second.empty()) return nullptr;
+    std::vector<Value*>& parts = it->second;
+    while (parts.size() > 1) {  // pairwise: a balanced tree of Adds
+      std::vector<Value*> next;
+      for (size_t i = 0; i + 1 < parts.size(); i += 2)
+        next.push_back(emit("Add", {parts[i], parts[i + 1]}, 1, {}, "", {}, scope)[0]);
+      if (parts.size() % 2) next.push_back(parts.back());
+      parts = next;
+    }
+    return parts[0];
+  }
+
+  const std::unordered_set<const Node*>& builder_nodes() const { return builder_nodes_; }
+  void mark(const Node* n) { builder_nodes_.insert(n); }
+
+ private:
+  Graph& g_;
+  std::unordered_set<const Node*> builder_nodes_;
+  std::unordered_map<const Value*, Value*> shapes_;
+  std::unordered_map<const Value*, std::vector<Value*>> contributions_;
+};
+
+Value* GradientContext::output(size_t i) {
+  Value* v = node_.output(i);
+  if (v) return v;
+  Graph& g = builder_.graph();
+  v = g.set_node_output(&node_, i, g.unique_name(node_.name + "_out" + std::to_string(i)));
+  infer_node(g, &node_);
+  return v;
+}
+
+void GradientContext::set_grad(size_t input, Value* grad) {
+  if (!wants(input) || !grad) return;
+  builder_.add_grad(node_.input(input), grad);
+}
+
+Value* GradientContext::op(const std::string& op_type, const std::vector<Value*>& inputs,
+                           std::map<std::string, Attribute> attributes, const std::string& domain) {
+  return builder_.emit(op_type, inputs, 1, std::move(attributes), domain, {}, node_.scope)[0];
+}
+
+std::vector<Value*> GradientContext::op_n(const std::string& op_type, const std::vector<Value*>& inputs,
+                                          size_t num_outputs, std::map<std::string, Attribute> attributes,
+                                          const std::string& domain, std::vector<bool> want) {
+  return builder_.emit(op_type, inputs, num_outputs, std::move(attributes), domain, want, node_.scope);
+}
+
+Value* GradientContext::constant(float value) {
+  Tensor t = Tensor::empty(DType::kFloat32, {});
+  *t.data<float>() = value;
+  return op("Constant", {}, {{"value", Attribute::of(t)}});
+}
+
+Value* GradientContext::constant_ints(const std::vector<int64_t>& values) {
+  return op("Constant", {},
+            {{"value", Attribute::of(Tensor::from_vector(DType::kInt64, {static_cast<int64_t>(values.size())}, values))}});
+}
+
+Value* GradientContext::shape_of(Value* v) { return builder_.shape_of(v, node_.scope); }
+
+Value* GradientContext::reduce_to_shape(Value* grad, Value* like) {
+  const auto& gs = grad->type.shape;
+  const auto& ls = like->type.shape;
+  if (gs && ls && gs->size() >= ls->size()) {
+    size_t r = gs->size(), k = ls->size();
+    std::vector<int64_t> axes;
+    bool static_ok = true;
+    for (size_t i = 0; i < r; ++i) {
+      if (i < r - k) {
+        axes.push_back(static_cast<int64_t>(i));
+        continue;
+      }
+      const SymDim& gd = (*gs)[i];
+      const SymDim& ld = (*ls)[i - (r - k)];
+      if (gd == ld) continue;
+      if (ld.constant() == 1) axes.push_back(static_cast<int64_t>(i));
+      else static_ok = false;
+    }
+    if (static_ok) {
+      if (axes.empty()) return grad;
+      Value* summed = op("ReduceSum", {grad, constant_ints(axes)}, {{"keepdims", Attribute::of(int64_t{1})}});
+      if (r == k) return summed;
+      return op("Reshape", {summed, shape_of(like)});
+    }
+  }
+  return op("SumToShape", {grad, shape_of(like)}, {}, kGraphtrainDomain);
+}
+
+void GradientContext::fail(const std::string& message) const {
+  throw GraphError("gradient of " + node_.describe() + ": " + message);
+}
+
+GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest& request) {
+  Graph g = clone_graph(forward);
+  infer_shapes(g);
+  std::vector<Node*> forward_nodes = g.topological_order();
+
+  // Which values depend on a wrt input through float values, and which reach a requested output.
+  std::unordered_set<const Value*> from_wrt, to_output;
+  for (const auto& name : request.wrt) {
+    Value* v = g.get(name);
+    if (!is_float(v))
+      throw GraphError("cannot differentiate with respect to '" + name + "': it is " +
+                       to_string(v->type.dtype) + ", not a floating-point value");
+    from_wrt.insert(v);
+  }
+  for (Node* n : forward_nodes) {
+    bool reached = false;
+    for (Value* in : n->inputs()) reached |= in && from_wrt.count(in);
+    if (reached)
+      for (Value* out : n->outputs())
+        if (is_float(out)) from_wrt.insert(out);
+  }
+  std::vector<Value*> outputs;
+  for (const auto& name : request.outputs) {
+    Value* v = g.get(name);
+    if (!is_float(v))
+      throw GraphError("output '" + name + "' is " + to_string(v->type.dtype) + " and cannot receive a gradient");
+    outputs.push_back(v);
+    to_output.insert(v);
+  }
+  for (auto it = forward_nodes.rbegin(); it != forward_nodes.rend(); ++it) {
+    bool reaches = false;
+    for (Value* out : (*it)->outputs()) reaches |= out && to_output.count(out);
+    if (reaches)
+      for (Value* in : (*it)->inputs())
+        if (is_float(in)) to_output.insert(in);
+  }
+  auto needs = [&](const Value* v) { return v && from_wrt.count(v) && to_output.count(v); };
+
+  GradientBuilder builder(g);
+  GradientGraphs result;
+  // Seeds.
+  std::vector<Value*> grad_inputs;
+  for (Value* out : outputs) {
+    if (request.seed_with_ones) {
+      Value* shape = builder.shape_of(out, "");
+      Tensor one = Tensor::empty(DType::kFloat32, {1});
+      *one.data<float>() = 1.0f;
+      Value* seed = builder.emit("ConstantOfShape", {shape}, 1, {{"value", Attribute::of(one)}}, "", {}, "")[0];
+      builder.add_grad(out, seed);
+    } else {
+      Value* in = g.add_input(out->name() + "_grad", out->type);
+      grad_inputs.push_back(in);
+      result.grad_inputs.push_back(in->name());
+      builder.add_grad(out, in);
+    }
+  }
+
+  // Reverse pass over the forward nodes.
+  for (auto it = forward_nodes.rbegin(); it != forward_nodes.rend(); ++it) {
+    Node* n = *it;
+    std::vector<bool> wants;
+    bool any_want = false;
+    for (Value* in : n->inputs()) {
+      wants.push_back(needs(in));
+      any_want |= wants.back();
+    }
+    if (!any_want) continue;
+    std::vector<Value*> out_grads;
+    bool any_grad = false;
+    for (Value* out : n->outputs()) {
+      Value* gsum = out ? builder.total_grad(out, n->scope) : nullptr;
+      out_grads.push_back(gsum);
+      any_grad |= gsum != nullptr;
+    }
+    if (!any_grad) continue;
+    const GradientRule* rule = find_gradient(n->domain, n->op_type);
+    if (!rule) {
+      std::string needed;
+      for (size_t i = 0; i < wants.size(); ++i)
+        if (wants[i]) needed += (needed.empty() ? "" : ", ") + str_cat(i, " '", n->input(i)->name(), "'");
+      throw GraphError("op " + n->qualified_op() + " has no gradient rule; " + n->describe() +
+                       " needs gradients for input(s) " + needed +
+                       ". Stop the gradient before it (detach) or use a supported op.");
+    }
+    GradientContext ctx(builder, *n, out_grads, wants);
+    (*rule)(ctx);
+  }
+
+  std::vector<Value*> grad_outputs;
+  for (const auto& name : request.wrt) {
+    Value* v = g.get(name);
+    Value* grad = builder.total_grad(v, "");
+    if (!grad) {
+      result.grads.push_back("");
+      continue;
+    }
+    // A gradient that is a forward value or input (an Identity chain) gets its own node.
+    if (!builder.builder_nodes().count(grad->producer()))
+      grad = builder.emit("Identity", {grad}, 1, {}, "", {}, "")[0];
+    std::string out_name = name + "_grad";
+    if (g.find(out_name)) out_name = g.unique_name(out_name);
+    Node* id = g.add_node("Identity", {grad}, {out_name});
+    id->outputs()[0]->type = grad->type;
+    grad_outputs.push_back(id->outputs()[0]);
+    result.grads.push_back(out_name);
+    builder.mark(id);  // part of the backward graph
+  }
+
+  // Drop what no output needs, then split.
+  {
+    std::vector<Value*> keep = g.outputs();
+    keep.insert(keep.end(), grad_outputs.begin(), grad_outputs.end());
+    std::vector<Value*> saved = g.outputs();
+    g.set_outputs(keep);
+    eliminate_dead_nodes(g);
+    g.set_outputs(saved);
+  }
+  std::vector<Node*> order = g.topological_order();
+  std::unordered_set<const Value*> grad_dependent(grad_inputs.begin(), grad_inputs.end());
+  std::vector<Node*> fwd, bwd;
+  for (Node* n : order) {
+    bool depends = false;
+    for (Value* in : n->inputs()) depends |= in && grad_dependent.count(in);
+    if (n->op_type == "ConstantOfShape" && builder.builder_nodes().count(n)) depends = true;  // seeds
+    if (depends)
+      for (Value* out : n->outputs())
+        if (out) grad_dependent.insert(out);
+    bool is_builder = builder.builder_nodes().count(n) != 0;
+    bool shape_math = true;
+    for (Value* out : n->outputs())
+      if (out && out->type.dtype != DType::kInt64) shape_math = false;
+    if (!is_builder || (!depends && shape_math && n->op_type != "Constant")) fwd.push_back(n);
+    else bwd.push_back(n);
+  }
+  // Stashed values: read by the backward graph, produced by the forward one (or its inputs).
+  std::unordered_set<const Node*> bwd_set(bwd.begin(), bwd.end());
+  std::unordered_set<const Value*> grad_input_set(grad_inputs.begin(), grad_inputs.end());
+  std::vector<Value*> stashed;
+  std::unordered_set<const Value*> stashed_set;
+  for (Node* n : bwd)
+    for (Value* in : n->inputs()) {
+      if (!in || grad_input_set.count(in) || stashed_set.count(in)) continue;
+      Node* p = in->producer();
+      if (p && bwd_set.count(p)) continue;
+      if (in->is_initializer()) continue;                                    // copied as is
+      if (p && p->op_type == "Constant" && p->domain.empty()) continue;      // copied as is
+      stashed.push_back(in);
+      stashed_set.insert(in);
+    }
+  std::vector<Value*> fwd_outputs = g.outputs();
+  fwd_outputs.insert(fwd_outputs.end(), stashed.begin(), stashed.end());
+  std::vector<Value*> fwd_inputs;
+  for (Value* v : g.inputs())
+    if (!grad_input_set.count(v)) fwd_inputs.push_back(v);
+  std::vector<Value*> bwd_inputs = grad_inputs;
+  bwd_inputs.insert(bwd_inputs.end(), stashed.begin(), stashed.end());
+
+  result.forward = extract(g, fwd, fwd_inputs, fwd_outputs, forward.name);
+  result.backward = extract(g, bwd, bwd_inputs, grad_outputs, forward.name + "_backward");
+  for (Value* v : stashed) result.stashed.push_back(v->name());
+  GT_DEVINFO("gradient graphs of '", forward.name, "': forward ", result.forward.num_nodes(),
+             " nodes, backward ", result.backward.num_nodes(), " nodes, ", stashed.size(),
+             " stashed value(s)");
+  return result;
+}
+
+}  // namespace graphtrain
