@@ -173,3 +173,56 @@ def export(name: str, path: str, dynamic: bool = True, opset: int = 18, example:
             dynamic_axes={**DYNAMIC_AXES[name], "out": {}} if dynamic else None,
         )
     return model
+
+
+class WithLoss(nn.Module):
+    """A model and its cross-entropy loss in one module, for exports that train."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        *args, labels = inputs
+        return nn.functional.cross_entropy(self.model(*args), labels)
+
+
+def training_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """example_inputs plus labels, for the loss-producing form of each model."""
+    inputs = example_inputs(name, batch, seq, seed)
+    if name == "gpt":
+        return inputs
+    g = torch.Generator().manual_seed(seed + 1000)
+    classes = {"mlp": 10, "encoder": 3, "cnn": 10}[name]
+    return (*inputs, torch.randint(0, classes, (batch,), generator=g))
+
+
+TRAINING_INPUT_NAMES = {"mlp": ["x", "labels"], "encoder": ["ids", "mask", "labels"],
+                        "gpt": ["ids", "targets"], "cnn": ["x", "labels"]}
+
+
+def training_model(name: str, seed: int = 0) -> nn.Module:
+    model = build(name, seed)
+    model.train()
+    return model if name == "gpt" else WithLoss(model)
+
+
+def export_training(name: str, path: str, seed: int = 0) -> nn.Module:
+    """Exports the loss-producing model in training mode, parameters kept as named initializers."""
+    import warnings
+
+    model = training_model(name, seed)
+    names = TRAINING_INPUT_NAMES[name]
+    axes = {n: {0: "batch"} for n in names}
+    if name in ("encoder", "gpt"):
+        for n in names:
+            if n != "labels":
+                axes[n] = {0: "batch", 1: "seq"}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, training_inputs(name), path, dynamo=False, opset_version=18,
+                          input_names=names, output_names=["loss"], dynamic_axes=axes,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    model.load_state_dict(state)  # the export ran a forward: restore BatchNorm's statistics
+    return model

@@ -127,6 +127,8 @@ class Graph {
   Value* add_input(const std::string& name, TensorType type);
   Value* add_initializer(const std::string& name, Tensor tensor);
   void add_output(Value* v);
+  // Turns an initializer into a graph input of the same type (its tensor is dropped).
+  void promote_to_input(Value* initializer);
   void set_outputs(std::vector<Value*> outputs) { outputs_ = std::move(outputs); }
   void set_inputs(std::vector<Value*> inputs) { inputs_ = std::move(inputs); }
 

@@ -237,10 +237,15 @@ Value* GradientContext::reduce_to_shape(Value* grad, Value* like) {
       else static_ok = false;
     }
     if (static_ok) {
-      if (axes.empty()) return grad;
-      Value* summed = op("ReduceSum", {grad, constant_ints(axes)}, {{"keepdims", Attribute::of(int64_t{1})}});
-      if (r == k) return summed;
-      return op("Reshape", {summed, shape_of(like)});
+      // Stretched axes keep their size-1 dim; leading axes that broadcasting added go away.
+      std::vector<int64_t> inner, leading;
+      for (int64_t a : axes) (a < static_cast<int64_t>(r - k) ? leading : inner).push_back(a);
+      Value* out = grad;
+      if (!inner.empty())
+        out = op("ReduceSum", {out, constant_ints(inner)}, {{"keepdims", Attribute::of(int64_t{1})}});
+      if (!leading.empty())
+        out = op("ReduceSum", {out, constant_ints(leading)}, {{"keepdims", Attribute::of(int64_t{0})}});
+      return out;
     }
   }
   return op("SumToShape", {grad, shape_of(like)}, {}, kGraphtrainDomain);
@@ -294,10 +299,25 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   std::vector<Value*> grad_inputs;
   for (Value* out : outputs) {
     if (request.seed_with_ones) {
-      Value* shape = builder.shape_of(out, "");
-      Tensor one = Tensor::empty(DType::kFloat32, {1});
-      *one.data<float>() = 1.0f;
-      Value* seed = builder.emit("ConstantOfShape", {shape}, 1, {{"value", Attribute::of(one)}}, "", {}, "")[0];
+      Value* seed;
+      Shape known;
+      bool is_static = out->type.shape.has_value();
+      if (is_static)
+        for (const SymDim& d : *out->type.shape) {
+          auto c = d.constant();
+          is_static = is_static && c.has_value();
+          if (c) known.push_back(*c);
+        }
+      if (is_static) {  // a constant of ones: nothing to stash for the seed
+        Tensor ones = Tensor::empty(DType::kFloat32, known);
+        for (int64_t i = 0; i < ones.numel(); ++i) ones.data<float>()[i] = 1.0f;
+        seed = builder.emit("Constant", {}, 1, {{"value", Attribute::of(ones)}}, "", {}, "")[0];
+      } else {
+        Tensor one = Tensor::empty(DType::kFloat32, {1});
+        *one.data<float>() = 1.0f;
+        seed = builder.emit("ConstantOfShape", {builder.shape_of(out, "")}, 1, {{"value", Attribute::of(one)}},
+                            "", {}, "")[0];
+      }
       builder.add_grad(out, seed);
     } else {
       Value* in = g.add_input(out->name() + "_grad", out->type);
@@ -373,7 +393,9 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   for (Node* n : order) {
     bool depends = false;
     for (Value* in : n->inputs()) depends |= in && grad_dependent.count(in);
-    if (n->op_type == "ConstantOfShape" && builder.builder_nodes().count(n)) depends = true;  // seeds
+    bool is_seed = (n->op_type == "ConstantOfShape" || n->op_type == "Constant") && builder.builder_nodes().count(n) &&
+                   is_floating(n->outputs()[0]->type.dtype);
+    if (is_seed) depends = true;  // seeds and float constants belong to the backward graph
     if (depends)
       for (Value* out : n->outputs())
         if (out) grad_dependent.insert(out);

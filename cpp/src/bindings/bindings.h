@@ -3,11 +3,20 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string>
+
+#include "graphtrain/tensor.h"
+
 namespace graphtrain::bindings {
 
 void bind_errors(nanobind::module_& m);
 void bind_options(nanobind::module_& m);
 void bind_log(nanobind::module_& m);
 void bind_engine(nanobind::module_& m);
+void bind_training(nanobind::module_& m);
+
+// Arrays crossing into the engine (zero copy when contiguous) and back out.
+Tensor array_to_tensor(nanobind::handle obj, const std::string& what);
+nanobind::object tensor_to_numpy_copy(const Tensor& t);
 
 }  // namespace graphtrain::bindings

@@ -212,6 +212,10 @@ nb::dict value_types(const Graph& g) {
 
 }  // namespace
 
+Tensor array_to_tensor(nb::handle obj, const std::string& what) { return to_tensor(obj, what); }
+
+nb::object tensor_to_numpy_copy(const Tensor& t) { return to_python(t.clone(), false); }
+
 void bind_engine(nb::module_& m) {
   nb::class_<PySession>(m, "Session")
       .def(

@@ -166,6 +166,12 @@ void Graph::add_output(Value* v) {
   outputs_.push_back(v);
 }
 
+void Graph::promote_to_input(Value* v) {
+  if (!v->is_initializer()) throw GraphError("'" + v->name() + "' is not an initializer");
+  v->initializer = Tensor();
+  inputs_.push_back(v);
+}
+
 Node* Graph::add_node(const std::string& op_type, const std::vector<Value*>& inputs,
                       const std::vector<std::string>& outputs, const std::string& domain,
                       const std::string& name) {
