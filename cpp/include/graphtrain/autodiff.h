@@ -44,7 +44,10 @@ class GradientContext {
  public:
   GradientContext(GradientBuilder& builder, Node& node, std::vector<Value*> output_grads,
                   std::vector<bool> wants)
-      : builder_(builder), node_(node), output_grads_(std::move(output_grads)), wants_(std::move(wants)) {}
+      : builder_(builder),
+        node_(node),
+        output_grads_(std::move(output_grads)),
+        wants_(std::move(wants)) {}
 
   Node& node() const { return node_; }
   Value* input(size_t i) const { return node_.input(i); }
@@ -52,7 +55,9 @@ class GradientContext {
   // adds it (LayerNormalization's mean, Dropout's mask, MaxPool's indices, ...).
   Value* output(size_t i);
   // Incoming gradient of output i, or nullptr when nothing downstream needs it.
-  Value* output_grad(size_t i) const { return i < output_grads_.size() ? output_grads_[i] : nullptr; }
+  Value* output_grad(size_t i) const {
+    return i < output_grads_.size() ? output_grads_[i] : nullptr;
+  }
   bool wants(size_t input) const { return input < wants_.size() && wants_[input]; }
   void set_grad(size_t input, Value* grad);
 

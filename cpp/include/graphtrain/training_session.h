@@ -17,7 +17,7 @@ namespace graphtrain {
 struct OptimizerConfig {
   std::string kind = "adamw";  // "adamw" or "sgd", with PyTorch's update rules
   double lr = 1e-3;
-  double weight_decay = 0.01;  // AdamW: decoupled; SGD: added to the gradient
+  double weight_decay = 0.01;                     // AdamW: decoupled; SGD: added to the gradient
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
   double momentum = 0.0;                          // SGD
 };
@@ -64,7 +64,8 @@ class TrainingSession {
   void set_optimizer(OptimizerConfig config);
 
  private:
-  std::vector<Tensor> feeds(const std::map<std::string, Tensor>& inputs, const Session& session) const;
+  std::vector<Tensor> feeds(const std::map<std::string, Tensor>& inputs,
+                            const Session& session) const;
   float scalar_loss(const Tensor& t) const;
 
   Graph original_;

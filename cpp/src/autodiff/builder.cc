@@ -28,7 +28,9 @@ RuleRegistry& rules() {
   return r;
 }
 
-bool is_float(const Value* v) { return v && is_floating(v->type.dtype); }
+bool is_float(const Value* v) {
+  return v && is_floating(v->type.dtype);
+}
 
 void infer_node(Graph& g, Node* n) {
   if (const ShapeInferer* fn = find_shape_inferer(n->domain, n->op_type)) {
@@ -199,10 +201,12 @@ Value* GradientContext::op(const std::string& op_type, const std::vector<Value*>
   return builder_.emit(op_type, inputs, 1, std::move(attributes), domain, {}, node_.scope)[0];
 }
 
-std::vector<Value*> GradientContext::op_n(const std::string& op_type, const std::vector<Value*>& inputs,
-                                          size_t num_outputs, std::map<std::string, Attribute> attributes,
+std::vector<Value*> GradientContext::op_n(const std::string& op_type,
+                                          const std::vector<Value*>& inputs, size_t num_outputs,
+                                          std::map<std::string, Attribute> attributes,
                                           const std::string& domain, std::vector<bool> want) {
-  return builder_.emit(op_type, inputs, num_outputs, std::move(attributes), domain, want, node_.scope);
+  return builder_.emit(op_type, inputs, num_outputs, std::move(attributes), domain, want,
+                       node_.scope);
 }
 
 Value* GradientContext::constant(float value) {
@@ -213,10 +217,13 @@ Value* GradientContext::constant(float value) {
 
 Value* GradientContext::constant_ints(const std::vector<int64_t>& values) {
   return op("Constant", {},
-            {{"value", Attribute::of(Tensor::from_vector(DType::kInt64, {static_cast<int64_t>(values.size())}, values))}});
+            {{"value", Attribute::of(Tensor::from_vector(
+                           DType::kInt64, {static_cast<int64_t>(values.size())}, values))}});
 }
 
-Value* GradientContext::shape_of(Value* v) { return builder_.shape_of(v, node_.scope); }
+Value* GradientContext::shape_of(Value* v) {
+  return builder_.shape_of(v, node_.scope);
+}
 
 Value* GradientContext::reduce_to_shape(Value* grad, Value* like) {
   const auto& gs = grad->type.shape;
@@ -233,8 +240,10 @@ Value* GradientContext::reduce_to_shape(Value* grad, Value* like) {
       const SymDim& gd = (*gs)[i];
       const SymDim& ld = (*ls)[i - (r - k)];
       if (gd == ld) continue;
-      if (ld.constant() == 1) axes.push_back(static_cast<int64_t>(i));
-      else static_ok = false;
+      if (ld.constant() == 1)
+        axes.push_back(static_cast<int64_t>(i));
+      else
+        static_ok = false;
     }
     if (static_ok) {
       // Stretched axes keep their size-1 dim; leading axes that broadcasting added go away.
@@ -242,9 +251,11 @@ Value* GradientContext::reduce_to_shape(Value* grad, Value* like) {
       for (int64_t a : axes) (a < static_cast<int64_t>(r - k) ? leading : inner).push_back(a);
       Value* out = grad;
       if (!inner.empty())
-        out = op("ReduceSum", {out, constant_ints(inner)}, {{"keepdims", Attribute::of(int64_t{1})}});
+        out =
+            op("ReduceSum", {out, constant_ints(inner)}, {{"keepdims", Attribute::of(int64_t{1})}});
       if (!leading.empty())
-        out = op("ReduceSum", {out, constant_ints(leading)}, {{"keepdims", Attribute::of(int64_t{0})}});
+        out = op("ReduceSum", {out, constant_ints(leading)},
+                 {{"keepdims", Attribute::of(int64_t{0})}});
       return out;
     }
   }
@@ -280,7 +291,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   for (const auto& name : request.outputs) {
     Value* v = g.get(name);
     if (!is_float(v))
-      throw GraphError("output '" + name + "' is " + to_string(v->type.dtype) + " and cannot receive a gradient");
+      throw GraphError("output '" + name + "' is " + to_string(v->type.dtype) +
+                       " and cannot receive a gradient");
     outputs.push_back(v);
     to_output.insert(v);
   }
@@ -315,8 +327,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
       } else {
         Tensor one = Tensor::empty(DType::kFloat32, {1});
         *one.data<float>() = 1.0f;
-        seed = builder.emit("ConstantOfShape", {builder.shape_of(out, "")}, 1, {{"value", Attribute::of(one)}},
-                            "", {}, "")[0];
+        seed = builder.emit("ConstantOfShape", {builder.shape_of(out, "")}, 1,
+                            {{"value", Attribute::of(one)}}, "", {}, "")[0];
       }
       builder.add_grad(out, seed);
     } else {
@@ -349,7 +361,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
     if (!rule) {
       std::string needed;
       for (size_t i = 0; i < wants.size(); ++i)
-        if (wants[i]) needed += (needed.empty() ? "" : ", ") + str_cat(i, " '", n->input(i)->name(), "'");
+        if (wants[i])
+          needed += (needed.empty() ? "" : ", ") + str_cat(i, " '", n->input(i)->name(), "'");
       throw GraphError("op " + n->qualified_op() + " has no gradient rule; " + n->describe() +
                        " needs gradients for input(s) " + needed +
                        ". Stop the gradient before it (detach) or use a supported op.");
@@ -393,8 +406,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   for (Node* n : order) {
     bool depends = false;
     for (Value* in : n->inputs()) depends |= in && grad_dependent.count(in);
-    bool is_seed = (n->op_type == "ConstantOfShape" || n->op_type == "Constant") && builder.builder_nodes().count(n) &&
-                   is_floating(n->outputs()[0]->type.dtype);
+    bool is_seed = (n->op_type == "ConstantOfShape" || n->op_type == "Constant") &&
+                   builder.builder_nodes().count(n) && is_floating(n->outputs()[0]->type.dtype);
     if (is_seed) depends = true;  // seeds and float constants belong to the backward graph
     if (depends)
       for (Value* out : n->outputs())
@@ -403,8 +416,10 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
     bool shape_math = true;
     for (Value* out : n->outputs())
       if (out && out->type.dtype != DType::kInt64) shape_math = false;
-    if (!is_builder || (!depends && shape_math && n->op_type != "Constant")) fwd.push_back(n);
-    else bwd.push_back(n);
+    if (!is_builder || (!depends && shape_math && n->op_type != "Constant"))
+      fwd.push_back(n);
+    else
+      bwd.push_back(n);
   }
   // Stashed values: read by the backward graph, produced by the forward one (or its inputs).
   std::unordered_set<const Node*> bwd_set(bwd.begin(), bwd.end());
@@ -416,8 +431,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
       if (!in || grad_input_set.count(in) || stashed_set.count(in)) continue;
       Node* p = in->producer();
       if (p && bwd_set.count(p)) continue;
-      if (in->is_initializer()) continue;                                    // copied as is
-      if (p && p->op_type == "Constant" && p->domain.empty()) continue;      // copied as is
+      if (in->is_initializer()) continue;                                // copied as is
+      if (p && p->op_type == "Constant" && p->domain.empty()) continue;  // copied as is
       stashed.push_back(in);
       stashed_set.insert(in);
     }

@@ -10,14 +10,18 @@ namespace {
 using Ctx = GradientContext;
 constexpr const char* GT = kGraphtrainDomain;
 
-Attribute I(int64_t v) { return Attribute::of(v); }
+Attribute I(int64_t v) {
+  return Attribute::of(v);
+}
 
 // Sets input i's gradient to `g` reduced to its shape.
 void set_reduced(Ctx& c, size_t i, Value* g) {
   if (c.wants(i)) c.set_grad(i, c.reduce_to_shape(g, c.input(i)));
 }
 
-Value* ints(Ctx& c, std::vector<int64_t> v) { return c.constant_ints(v); }
+Value* ints(Ctx& c, std::vector<int64_t> v) {
+  return c.constant_ints(v);
+}
 
 int64_t rank_of(Ctx& c, Value* v) {
   if (!v->type.shape) c.fail("the rank of '" + v->name() + "' must be known to differentiate");
@@ -69,7 +73,8 @@ void gemm(Ctx& c) {
   Value* a = c.input(0);
   Value* b = c.input(1);
   auto gemm_op = [&](Value* x, Value* y, int64_t tx, int64_t ty) {
-    return c.op("Gemm", {x, y}, {{"alpha", Attribute::of(alpha)}, {"transA", I(tx)}, {"transB", I(ty)}});
+    return c.op("Gemm", {x, y},
+                {{"alpha", Attribute::of(alpha)}, {"transA", I(tx)}, {"transB", I(ty)}});
   };
   if (c.wants(0)) c.set_grad(0, ta ? gemm_op(b, g, tb, 1) : gemm_op(g, b, 0, 1 - tb));
   if (c.wants(1)) c.set_grad(1, tb ? gemm_op(g, a, 1, ta) : gemm_op(a, g, 1 - ta, 0));
@@ -82,7 +87,8 @@ void pow_rule(Ctx& c) {
   Value* e = c.input(1);
   if (!is_floating(e->type.dtype)) e = c.op("Cast", {e}, {{"to", I(to_onnx(DType::kFloat32))}});
   if (c.wants(0)) {
-    Value* da = c.op("Mul", {c.op("Mul", {g, e}), c.op("Pow", {a, c.op("Sub", {e, c.constant(1.0f)})})});
+    Value* da =
+        c.op("Mul", {c.op("Mul", {g, e}), c.op("Pow", {a, c.op("Sub", {e, c.constant(1.0f)})})});
     set_reduced(c, 0, da);
   }
   if (c.wants(1)) set_reduced(c, 1, c.op("Mul", {c.op("Mul", {g, c.output(0)}), c.op("Log", {a})}));
@@ -151,12 +157,17 @@ const bool registered = [] {
     Value* y = c.output(0);
     c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Mul", {y, y})})}));
   });
-  register_gradient("", "Exp", [](Ctx& c) { c.set_grad(0, c.op("Mul", {c.output_grad(0), c.output(0)})); });
-  register_gradient("", "Log", [](Ctx& c) { c.set_grad(0, c.op("Div", {c.output_grad(0), c.input(0)})); });
+  register_gradient("", "Exp", [](Ctx& c) {
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.output(0)}));
+  });
+  register_gradient("", "Log", [](Ctx& c) {
+    c.set_grad(0, c.op("Div", {c.output_grad(0), c.input(0)}));
+  });
   register_gradient("", "Erf", [](Ctx& c) {
     Value* x = c.input(0);
     Value* e = c.op("Exp", {c.op("Neg", {c.op("Mul", {x, x})})});
-    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Mul", {e, c.constant(1.12837916709551257f)})}));
+    c.set_grad(0,
+               c.op("Mul", {c.output_grad(0), c.op("Mul", {e, c.constant(1.12837916709551257f)})}));
   });
   register_gradient("", "Relu", [](Ctx& c) {
     c.set_grad(0, c.op("ReluGrad", {c.output_grad(0), c.output(0)}, {}, GT));
@@ -172,14 +183,16 @@ const bool registered = [] {
     c.set_grad(0, c.op("TanhGrad", {c.output_grad(0), c.output(0)}, {}, GT));
   });
   register_gradient("", "Gelu", [](Ctx& c) {
-    c.set_grad(0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
-                       {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))}}, GT));
+    c.set_grad(
+        0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
+                {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))}}, GT));
   });
   register_gradient("", "Identity", [](Ctx& c) { c.set_grad(0, c.output_grad(0)); });
   register_gradient("", "Cast", [](Ctx& c) {
     DType from = c.input(0)->type.dtype;
     Value* g = c.output_grad(0);
-    c.set_grad(0, from == c.output(0)->type.dtype ? g : c.op("Cast", {g}, {{"to", I(to_onnx(from))}}));
+    c.set_grad(0,
+               from == c.output(0)->type.dtype ? g : c.op("Cast", {g}, {{"to", I(to_onnx(from))}}));
   });
   register_gradient("", "Where", [](Ctx& c) {
     Value* g = c.output_grad(0);
@@ -189,8 +202,10 @@ const bool registered = [] {
   });
   register_gradient("", "MatMul", matmul);
   register_gradient("", "Gemm", gemm);
-  register_gradient("", "ReduceSum", [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), false)); });
-  register_gradient("", "ReduceMean", [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), true)); });
+  register_gradient("", "ReduceSum",
+                    [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), false)); });
+  register_gradient("", "ReduceMean",
+                    [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), true)); });
   register_gradient("", "ReduceMax", reduce_extreme);
   register_gradient("", "ReduceMin", reduce_extreme);
   return true;

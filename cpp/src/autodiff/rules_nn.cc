@@ -9,9 +9,13 @@ namespace {
 using Ctx = GradientContext;
 constexpr const char* GT = kGraphtrainDomain;
 
-Attribute I(int64_t v) { return Attribute::of(v); }
+Attribute I(int64_t v) {
+  return Attribute::of(v);
+}
 
-void reshape_back(Ctx& c) { c.set_grad(0, c.op("Reshape", {c.output_grad(0), c.shape_of(c.input(0))})); }
+void reshape_back(Ctx& c) {
+  c.set_grad(0, c.op("Reshape", {c.output_grad(0), c.shape_of(c.input(0))}));
+}
 
 void transpose(Ctx& c) {
   std::vector<int64_t> perm = c.node().attr_ints("perm");
@@ -39,7 +43,8 @@ void concat(Ctx& c) {
   size_t n = c.node().inputs().size();
   std::vector<bool> want;
   for (size_t i = 0; i < n; ++i) want.push_back(true);
-  std::vector<Value*> parts = c.op_n("Split", {c.output_grad(0), split}, n, {{"axis", I(axis)}}, "", want);
+  std::vector<Value*> parts =
+      c.op_n("Split", {c.output_grad(0), split}, n, {{"axis", I(axis)}}, "", want);
   for (size_t i = 0; i < n; ++i) c.set_grad(i, parts[i]);
 }
 
@@ -67,20 +72,22 @@ void layer_norm(Ctx& c) {
   Value* mean = c.output(1);
   Value* inv = c.output(2);
   bool has_bias = c.input(2) != nullptr;
-  std::vector<Value*> g = c.op_n("LayerNormalizationGrad",
-                                 {c.output_grad(0), c.input(0), c.input(1), mean, inv}, 3,
-                                 {{"axis", I(c.node().attr_int("axis", -1))}}, GT,
-                                 {c.wants(0), c.wants(1), has_bias && c.wants(2)});
+  std::vector<Value*> g =
+      c.op_n("LayerNormalizationGrad", {c.output_grad(0), c.input(0), c.input(1), mean, inv}, 3,
+             {{"axis", I(c.node().attr_int("axis", -1))}}, GT,
+             {c.wants(0), c.wants(1), has_bias && c.wants(2)});
   for (size_t i = 0; i < 3; ++i)
     if (g[i]) c.set_grad(i, g[i]);
 }
 
 void batch_norm(Ctx& c) {
   const Node& n = c.node();
-  std::vector<Value*> g = c.op_n(
-      "BatchNormalizationGrad", {c.output_grad(0), c.input(0), c.input(1), c.input(3), c.input(4)}, 3,
-      {{"epsilon", Attribute::of(n.attr_float("epsilon", 1e-5f))}, {"training_mode", I(n.attr_int("training_mode", 0))}},
-      GT, {c.wants(0), c.wants(1), c.wants(2)});
+  std::vector<Value*> g =
+      c.op_n("BatchNormalizationGrad",
+             {c.output_grad(0), c.input(0), c.input(1), c.input(3), c.input(4)}, 3,
+             {{"epsilon", Attribute::of(n.attr_float("epsilon", 1e-5f))},
+              {"training_mode", I(n.attr_int("training_mode", 0))}},
+             GT, {c.wants(0), c.wants(1), c.wants(2)});
   for (size_t i = 0; i < 3; ++i)
     if (g[i]) c.set_grad(i, g[i]);
 }
@@ -88,8 +95,8 @@ void batch_norm(Ctx& c) {
 void conv(Ctx& c) {
   std::map<std::string, Attribute> attrs = c.node().attributes;
   bool bias = c.input(2) != nullptr;
-  std::vector<Value*> g = c.op_n("ConvGrad", {c.output_grad(0), c.input(0), c.input(1)}, 3, attrs, GT,
-                                 {c.wants(0), c.wants(1), bias && c.wants(2)});
+  std::vector<Value*> g = c.op_n("ConvGrad", {c.output_grad(0), c.input(0), c.input(1)}, 3, attrs,
+                                 GT, {c.wants(0), c.wants(1), bias && c.wants(2)});
   for (size_t i = 0; i < 3; ++i)
     if (g[i]) c.set_grad(i, g[i]);
 }
@@ -111,9 +118,11 @@ void softmax_cross_entropy(Ctx& c) {
 }
 
 const bool registered = [] {
-  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) register_gradient("", op, reshape_back);
+  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+    register_gradient("", op, reshape_back);
   register_gradient("", "Transpose", transpose);
-  register_gradient("", "Expand", [](Ctx& c) { c.set_grad(0, c.reduce_to_shape(c.output_grad(0), c.input(0))); });
+  register_gradient("", "Expand",
+                    [](Ctx& c) { c.set_grad(0, c.reduce_to_shape(c.output_grad(0), c.input(0))); });
   register_gradient("", "Concat", concat);
   register_gradient("", "Split", split);
   register_gradient("", "Slice", slice);
@@ -140,13 +149,16 @@ const bool registered = [] {
   register_gradient("", "Dropout", dropout);
   register_gradient("", "SoftmaxCrossEntropyLoss", softmax_cross_entropy);
   register_gradient("", "MaxPool", [](Ctx& c) {
-    c.set_grad(0, c.op("MaxPoolGrad", {c.output_grad(0), c.output(1), c.shape_of(c.input(0))}, {}, GT));
+    c.set_grad(
+        0, c.op("MaxPoolGrad", {c.output_grad(0), c.output(1), c.shape_of(c.input(0))}, {}, GT));
   });
   register_gradient("", "AveragePool", [](Ctx& c) {
-    c.set_grad(0, c.op("AveragePoolGrad", {c.output_grad(0), c.shape_of(c.input(0))}, c.node().attributes, GT));
+    c.set_grad(0, c.op("AveragePoolGrad", {c.output_grad(0), c.shape_of(c.input(0))},
+                       c.node().attributes, GT));
   });
   register_gradient("", "GlobalAveragePool", [](Ctx& c) {
-    c.set_grad(0, c.op("GlobalAveragePoolGrad", {c.output_grad(0), c.shape_of(c.input(0))}, {}, GT));
+    c.set_grad(0,
+               c.op("GlobalAveragePoolGrad", {c.output_grad(0), c.shape_of(c.input(0))}, {}, GT));
   });
   return true;
 }();

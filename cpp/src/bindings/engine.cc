@@ -212,9 +212,13 @@ nb::dict value_types(const Graph& g) {
 
 }  // namespace
 
-Tensor array_to_tensor(nb::handle obj, const std::string& what) { return to_tensor(obj, what); }
+Tensor array_to_tensor(nb::handle obj, const std::string& what) {
+  return to_tensor(obj, what);
+}
 
-nb::object tensor_to_numpy_copy(const Tensor& t) { return to_python(t.clone(), false); }
+nb::object tensor_to_numpy_copy(const Tensor& t) {
+  return to_python(t.clone(), false);
+}
 
 void bind_engine(nb::module_& m) {
   nb::class_<PySession>(m, "Session")
@@ -312,7 +316,8 @@ void bind_engine(nb::module_& m) {
             info["stashed"] = gg.stashed;
             info["grad_inputs"] = gg.grad_inputs;
             info["grads"] = gg.grads;
-            return nb::make_tuple(Model{std::move(gg.forward)}, Model{std::move(gg.backward)}, info);
+            return nb::make_tuple(Model{std::move(gg.forward)}, Model{std::move(gg.backward)},
+                                  info);
           },
           nb::arg("outputs"), nb::arg("wrt"), nb::arg("seed_with_ones") = false,
           "Builds (forward, backward, info): the forward graph also returns info['stashed']; the "

@@ -42,7 +42,8 @@ void bind_training(nb::module_& m) {
           nb::arg("optimizer") = "adamw", nb::arg("lr") = 1e-3, nb::arg("weight_decay") = 0.01,
           nb::arg("beta1") = 0.9, nb::arg("beta2") = 0.999, nb::arg("eps") = 1e-8,
           nb::arg("momentum") = 0.0,
-          "Opens an ONNX model for training: `loss` names the scalar loss output (default: the only "
+          "Opens an ONNX model for training: `loss` names the scalar loss output (default: the "
+          "only "
           "output), `trainable` the initializers to train (default: every float32 initializer).")
       .def(
           "train_step",
@@ -60,7 +61,8 @@ void bind_training(nb::module_& m) {
             return s.eval_step(f);
           },
           nb::arg("feeds"))
-      .def("optimizer_step", &TrainingSession::optimizer_step, nb::call_guard<nb::gil_scoped_release>())
+      .def("optimizer_step", &TrainingSession::optimizer_step,
+           nb::call_guard<nb::gil_scoped_release>())
       .def("zero_grad", &TrainingSession::zero_grad)
       .def("save_checkpoint", &TrainingSession::save_checkpoint, nb::arg("path"))
       .def("load_checkpoint", &TrainingSession::load_checkpoint, nb::arg("path"))
@@ -69,12 +71,18 @@ void bind_training(nb::module_& m) {
       .def_prop_ro("parameter_names", &TrainingSession::parameter_names)
       .def_prop_ro("stashed", &TrainingSession::stashed)
       .def_prop_ro("optimizer_steps", &TrainingSession::optimizer_steps)
-      .def("parameter", [](const TrainingSession& s, const std::string& n) {
-        return tensor_to_numpy_copy(s.parameter(n));
-      }, nb::arg("name"), "A copy of a parameter as a numpy array.")
-      .def("gradient", [](const TrainingSession& s, const std::string& n) {
-        return tensor_to_numpy_copy(s.gradient(n));
-      }, nb::arg("name"), "A copy of a parameter's accumulated gradient.");
+      .def(
+          "parameter",
+          [](const TrainingSession& s, const std::string& n) {
+            return tensor_to_numpy_copy(s.parameter(n));
+          },
+          nb::arg("name"), "A copy of a parameter as a numpy array.")
+      .def(
+          "gradient",
+          [](const TrainingSession& s, const std::string& n) {
+            return tensor_to_numpy_copy(s.gradient(n));
+          },
+          nb::arg("name"), "A copy of a parameter's accumulated gradient.");
 }
 
 }  // namespace graphtrain::bindings

@@ -150,8 +150,8 @@ Tensor Arena::place(size_t offset, DType dtype, Shape shape) {
                         " does not fit an arena of ", bytes(), " bytes"));
   // The tensor's storage is a window of the arena's block that holds the arena alive.
   std::shared_ptr<Arena> self = shared_from_this();
-  t.storage_ = Storage::borrow(static_cast<char*>(storage_->data()) + offset, t.nbytes(),
-                               [self] {});
+  t.storage_ =
+      Storage::borrow(static_cast<char*>(storage_->data()) + offset, t.nbytes(), [self] {});
   return t;
 }
 

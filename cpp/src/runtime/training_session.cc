@@ -52,10 +52,12 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
   if (!loss) {
     std::string names;
     for (Value* v : g.outputs()) names += (names.empty() ? "" : ", ") + v->name();
-    throw GraphError("model '" + g.name + "' has no value named '" + loss_ + "' for the loss; its outputs are: " + names);
+    throw GraphError("model '" + g.name + "' has no value named '" + loss_ +
+                     "' for the loss; its outputs are: " + names);
   }
   if (!is_floating(loss->type.dtype))
-    throw GraphError("loss '" + loss_ + "' is " + to_string(loss->type.dtype) + ", not a floating-point value");
+    throw GraphError("loss '" + loss_ + "' is " + to_string(loss->type.dtype) +
+                     ", not a floating-point value");
   if (loss->type.shape) {
     SymDim n(1);
     for (const SymDim& d : *loss->type.shape) n = n * d;
@@ -86,9 +88,11 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
   for (const auto& name : config_.trainable) {
     Value* v = g.find(name);
     if (!v || !v->is_initializer())
-      throw GraphError("'" + name + "' is not an initializer of model '" + g.name + "' and cannot be trained");
+      throw GraphError("'" + name + "' is not an initializer of model '" + g.name +
+                       "' and cannot be trained");
     if (v->initializer.dtype() != DType::kFloat32)
-      throw GraphError("'" + name + "' is " + to_string(v->initializer.dtype()) + "; only float32 parameters train");
+      throw GraphError("'" + name + "' is " + to_string(v->initializer.dtype()) +
+                       "; only float32 parameters train");
     if (state_names.count(name)) continue;
     param_names_.push_back(name);
   }
@@ -120,11 +124,12 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
   grad_names_ = gg.grads;
   for (size_t i = 0; i < param_names_.size(); ++i)
     if (grad_names_[i].empty())
-      GT_WARNING("parameter '", param_names_[i], "' does not affect the loss '", loss_, "'; its gradient stays zero");
+      GT_WARNING("parameter '", param_names_[i], "' does not affect the loss '", loss_,
+                 "'; its gradient stays zero");
   forward_ = std::make_unique<Session>(std::move(gg.forward), config_.session);
   backward_ = std::make_unique<Session>(std::move(gg.backward), config_.session);
-  GT_INFO("TrainingSession for '", original_.name, "': ", param_names_.size(), " parameter(s), loss '", loss_,
-          "', ", stashed_.size(), " stashed value(s)");
+  GT_INFO("TrainingSession for '", original_.name, "': ", param_names_.size(),
+          " parameter(s), loss '", loss_, "', ", stashed_.size(), " stashed value(s)");
 }
 
 TrainingSession::~TrainingSession() = default;
@@ -132,7 +137,8 @@ TrainingSession::~TrainingSession() = default;
 void TrainingSession::set_optimizer(OptimizerConfig config) {
   if (config.kind != "adamw" && config.kind != "sgd")
     throw OptionError("optimizer '" + config.kind + "' is not known; use adamw or sgd");
-  if (!(config.lr > 0)) throw OptionError(str_cat("learning rate must be positive, got ", config.lr));
+  if (!(config.lr > 0))
+    throw OptionError(str_cat("learning rate must be positive, got ", config.lr));
   config_.optimizer = std::move(config);
 }
 
@@ -144,7 +150,8 @@ std::vector<Tensor> TrainingSession::feeds(const std::map<std::string, Tensor>& 
     if (!known) {
       std::string names;
       for (const auto& d : data_inputs_) names += (names.empty() ? "" : ", ") + d;
-      throw InputError("model '" + original_.name + "' has no input named '" + name + "'; its inputs are: " + names);
+      throw InputError("model '" + original_.name + "' has no input named '" + name +
+                       "'; its inputs are: " + names);
     }
   }
   std::vector<Tensor> out;
@@ -160,7 +167,8 @@ std::vector<Tensor> TrainingSession::feeds(const std::map<std::string, Tensor>& 
       continue;
     }
     auto it = inputs.find(name);
-    if (it == inputs.end()) throw InputError("input '" + name + "' of model '" + original_.name + "' was not given");
+    if (it == inputs.end())
+      throw InputError("input '" + name + "' of model '" + original_.name + "' was not given");
     out.push_back(it->second);
   }
   return out;
@@ -168,15 +176,18 @@ std::vector<Tensor> TrainingSession::feeds(const std::map<std::string, Tensor>& 
 
 float TrainingSession::scalar_loss(const Tensor& t) const {
   if (t.numel() != 1)
-    throw Error(str_cat("loss '", loss_, "' has shape ", t.shape(), "; training needs a scalar loss"));
+    throw Error(
+        str_cat("loss '", loss_, "' has shape ", t.shape(), "; training needs a scalar loss"));
   return t.data<float>()[0];
 }
 
 float TrainingSession::train_step(const std::map<std::string, Tensor>& inputs) {
   std::vector<Tensor> outs = forward_->run(feeds(inputs, *forward_));
   float loss = scalar_loss(outs[0]);
-  for (size_t i = 0; i < state_updates_.size(); ++i) state_[state_updates_[i].second] = outs[1 + i].clone();
-  std::vector<Tensor> stash(outs.begin() + 1 + static_cast<long>(state_updates_.size()), outs.end());
+  for (size_t i = 0; i < state_updates_.size(); ++i)
+    state_[state_updates_[i].second] = outs[1 + i].clone();
+  std::vector<Tensor> stash(outs.begin() + 1 + static_cast<long>(state_updates_.size()),
+                            outs.end());
   std::vector<Tensor> grads = backward_->run(stash);
   size_t k = 0;
   for (size_t i = 0; i < param_names_.size(); ++i) {
@@ -280,9 +291,11 @@ void TrainingSession::load_checkpoint(const std::string& path) {
   auto fail = [&](const std::string& what) {
     throw ModelFileError("checkpoint '" + path + "': " + what);
   };
-  if (!found.count(kStep) || !found.count(kKind)) fail("not a graphtrain checkpoint (no optimizer/step)");
+  if (!found.count(kStep) || !found.count(kKind))
+    fail("not a graphtrain checkpoint (no optimizer/step)");
   const Tensor& kind = found[kKind];
-  std::string saved_kind(static_cast<const char*>(kind.raw_data()), static_cast<size_t>(kind.numel()));
+  std::string saved_kind(static_cast<const char*>(kind.raw_data()),
+                         static_cast<size_t>(kind.numel()));
   if (saved_kind != config_.optimizer.kind)
     fail("it holds " + saved_kind + " state but this session uses " + config_.optimizer.kind);
   auto take = [&](const std::string& key, const Tensor& like, const std::string& what) {
@@ -293,7 +306,8 @@ void TrainingSession::load_checkpoint(const std::string& path) {
     return it->second.clone();
   };
   std::map<std::string, Tensor> params, state, m, v;
-  for (const auto& [name, t] : params_) params[name] = take(kParam + name, t, "parameter '" + name + "'");
+  for (const auto& [name, t] : params_)
+    params[name] = take(kParam + name, t, "parameter '" + name + "'");
   for (const auto& [name, t] : state_) state[name] = take(kState + name, t, "state '" + name + "'");
   for (const auto& [key, t] : found) {
     if (key.rfind(kM, 0) == 0) {

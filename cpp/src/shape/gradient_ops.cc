@@ -16,18 +16,21 @@ void like_input(InferenceContext& ctx, size_t out, size_t in) {
 // Output `out` gets the shape held by the int64 input `in` (a Shape of some forward value).
 void shape_from_values(InferenceContext& ctx, size_t out, size_t in) {
   const auto* v = ctx.input_values(in);
-  ctx.set_output(out, DType::kFloat32, v ? std::optional<SymShape>(SymShape(v->begin(), v->end())) : std::nullopt);
+  ctx.set_output(out, DType::kFloat32,
+                 v ? std::optional<SymShape>(SymShape(v->begin(), v->end())) : std::nullopt);
 }
 
 const bool registered = [] {
-  for (const char* op : {"ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad", "GeluGrad", "SoftmaxGrad",
-                         "LogSoftmaxGrad", "DropoutGrad"})
+  for (const char* op : {"ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad", "GeluGrad",
+                         "SoftmaxGrad", "LogSoftmaxGrad", "DropoutGrad"})
     register_shape_inferer(GT, op, [](InferenceContext& ctx) { like_input(ctx, 0, 0); });
-  for (const char* op : {"SumToShape", "ReduceGrad", "GatherGrad", "GlobalAveragePoolGrad", "AveragePoolGrad",
-                         "SliceGrad"})
+  for (const char* op : {"SumToShape", "ReduceGrad", "GatherGrad", "GlobalAveragePoolGrad",
+                         "AveragePoolGrad", "SliceGrad"})
     register_shape_inferer(GT, op, [](InferenceContext& ctx) { shape_from_values(ctx, 0, 1); });
-  register_shape_inferer(GT, "MaxPoolGrad", [](InferenceContext& ctx) { shape_from_values(ctx, 0, 2); });
-  register_shape_inferer(GT, "SoftmaxCrossEntropyLossGrad", [](InferenceContext& ctx) { like_input(ctx, 0, 1); });
+  register_shape_inferer(GT, "MaxPoolGrad",
+                         [](InferenceContext& ctx) { shape_from_values(ctx, 0, 2); });
+  register_shape_inferer(GT, "SoftmaxCrossEntropyLossGrad",
+                         [](InferenceContext& ctx) { like_input(ctx, 0, 1); });
   for (const char* op : {"LayerNormalizationGrad", "BatchNormalizationGrad"})
     register_shape_inferer(GT, op, [](InferenceContext& ctx) {
       like_input(ctx, 0, 1);
@@ -38,7 +41,8 @@ const bool registered = [] {
     like_input(ctx, 0, 1);
     like_input(ctx, 1, 2);
     const SymShape* w = ctx.input_shape(2);
-    ctx.set_output(2, DType::kFloat32, w ? std::optional<SymShape>(SymShape{(*w)[0]}) : std::nullopt);
+    ctx.set_output(2, DType::kFloat32,
+                   w ? std::optional<SymShape>(SymShape{(*w)[0]}) : std::nullopt);
   });
   register_shape_inferer("", "Sign", [](InferenceContext& ctx) {
     const SymShape* s = ctx.input_shape(0);

@@ -215,7 +215,8 @@ void conv_grad(KernelContext& ctx) {
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(threads));
   ctx.pool().parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      std::vector<float> col(static_cast<size_t>(kdim * cols)), dcol(static_cast<size_t>(kdim * cols));
+      std::vector<float> col(static_cast<size_t>(kdim * cols)),
+          dcol(static_cast<size_t>(kdim * cols));
       auto& dw = dw_parts[static_cast<size_t>(t)];
       if (want_w) dw.assign(static_cast<size_t>(m * kdim), 0.0f);
       for (int64_t b = t * per; b < std::min(g.n, (t + 1) * per); ++b)
@@ -227,8 +228,8 @@ void conv_grad(KernelContext& ctx) {
                          dw.data() + gi * mg * kdim, kdim);
           }
           if (dx) {
-            sgemm_serial(true, false, kdim, cols, mg, 1.0f, pw + gi * mg * kdim, kdim, dyg, cols, 0.0f,
-                         dcol.data(), cols);
+            sgemm_serial(true, false, kdim, cols, mg, 1.0f, pw + gi * mg * kdim, kdim, dyg, cols,
+                         0.0f, dcol.data(), cols);
             col2im(dcol.data(), cg, g, dx + (b * g.c + gi * cg) * g.h * g.w);
           }
         }
@@ -342,7 +343,8 @@ void average_pool_grad(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   std::vector<int64_t> xs = ctx.input(1).to_int64_vector();
   Shape xshape(xs.begin(), xs.end());
-  Geometry g = geometry(ctx, xshape, ctx.node().attr(std::string("kernel_shape"), Attribute::Kind::kInts).ints,
+  Geometry g = geometry(ctx, xshape,
+                        ctx.node().attr(std::string("kernel_shape"), Attribute::Kind::kInts).ints,
                         ctx.node().attr_int("ceil_mode", 0) != 0);
   bool include_pad = ctx.node().attr_int("count_include_pad", 0) != 0;
   Tensor& dx = ctx.allocate_output(0, DType::kFloat32, xshape);

@@ -51,7 +51,8 @@ void sum_to_shape(KernelContext& ctx) {
   int64_t st = 1;
   for (size_t i = k; i-- > 0;) {
     int64_t gd = g.dim(i + r - k);
-    if (target[i] != gd && target[i] != 1) ctx.fail(str_cat("cannot reduce ", g.shape(), " to ", target));
+    if (target[i] != gd && target[i] != 1)
+      ctx.fail(str_cat("cannot reduce ", g.shape(), " to ", target));
     out_strides[i + r - k] = target[i] == 1 ? 0 : st;
     st *= target[i];
   }
@@ -76,7 +77,8 @@ void reduce_grad(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   Shape xs = shape_input(ctx, 1);
   int64_t rank = static_cast<int64_t>(xs.size());
-  std::vector<int64_t> axes = ctx.has_input(2) ? ctx.input(2).to_int64_vector() : std::vector<int64_t>{};
+  std::vector<int64_t> axes =
+      ctx.has_input(2) ? ctx.input(2).to_int64_vector() : std::vector<int64_t>{};
   bool noop = ctx.node().attr_int("noop_with_empty_axes", 0) != 0;
   bool mean = ctx.node().attr_int("mean", 0) != 0;
   Tensor& dx = ctx.allocate_output(0, F32, xs);
@@ -97,7 +99,8 @@ void reduce_grad(KernelContext& ctx) {
     strides[i] = st;
     st *= xs[i];
   }
-  if (st != dy.numel()) ctx.fail(str_cat("gradient of ", dy.numel(), " elements does not match ", xs));
+  if (st != dy.numel())
+    ctx.fail(str_cat("gradient of ", dy.numel(), " elements does not match ", xs));
   float scale = mean && count ? 1.0f / static_cast<float>(count) : 1.0f;
   Tensor tmp = dy;
   copy_strided(ctx, tmp, xs, strides, 0, dx);
@@ -124,7 +127,8 @@ void softmax_grad(KernelContext& ctx) {
     for (int64_t l = lo; l < hi; ++l) {
       int64_t base = (l / inner) * n * inner + l % inner;
       float dot = 0;
-      for (int64_t i = 0; i < n; ++i) dot += kLog ? g[base + i * inner] : g[base + i * inner] * py[base + i * inner];
+      for (int64_t i = 0; i < n; ++i)
+        dot += kLog ? g[base + i * inner] : g[base + i * inner] * py[base + i * inner];
       for (int64_t i = 0; i < n; ++i) {
         int64_t k = base + i * inner;
         o[k] = kLog ? g[k] - vec::exp(py[k]) * dot : py[k] * (g[k] - dot);
@@ -149,10 +153,12 @@ void layer_norm_grad(KernelContext& ctx) {
   const float* w = scale.data<float>();
   const float* pm = mean.data<float>();
   const float* pi = inv.data<float>();
-  float* dx = ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
+  float* dx =
+      ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
   int threads = ctx.pool().num_threads();
   // Per-thread partial sums for dScale and dBias, added in thread order (deterministic).
-  std::vector<std::vector<double>> dw(static_cast<size_t>(threads), std::vector<double>(static_cast<size_t>(cols), 0.0));
+  std::vector<std::vector<double>> dw(static_cast<size_t>(threads),
+                                      std::vector<double>(static_cast<size_t>(cols), 0.0));
   std::vector<std::vector<double>> db = dw;
   int64_t chunk = (rows + threads - 1) / std::max(threads, 1);
   ctx.pool().parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
@@ -254,7 +260,8 @@ void sce_grad(KernelContext& ctx) {
   int64_t spatial = n * c != 0 ? logp.numel() / (n * c) : 0;
   double weight_sum = 0;
   for (int64_t label : labels)
-    if (!(has_ignore && label == ignore) && label >= 0 && label < c) weight_sum += w ? w[label] : 1.0;
+    if (!(has_ignore && label == ignore) && label >= 0 && label < c)
+      weight_sum += w ? w[label] : 1.0;
   Tensor& dx = ctx.allocate_output(0, F32, logp.shape());
   const float* lp = logp.data<float>();
   const float* dl = dloss.data<float>();
@@ -267,9 +274,12 @@ void sce_grad(KernelContext& ctx) {
       float coef = 0;
       if (!skip) {
         float wl = w ? w[label] : 1.0f;
-        if (reduction == "none") coef = wl * dl[item];
-        else if (reduction == "sum") coef = wl * dl[0];
-        else coef = static_cast<float>(wl * dl[0] / weight_sum);
+        if (reduction == "none")
+          coef = wl * dl[item];
+        else if (reduction == "sum")
+          coef = wl * dl[0];
+        else
+          coef = static_cast<float>(wl * dl[0] / weight_sum);
       }
       for (int64_t k = 0; k < c; ++k) {
         int64_t at = (i * c + k) * spatial + s;
@@ -309,7 +319,8 @@ void global_average_pool_grad(KernelContext& ctx) {
 void slice_grad(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   Shape xs = shape_input(ctx, 1);
-  std::vector<int64_t> starts = ctx.input(2).to_int64_vector(), ends = ctx.input(3).to_int64_vector();
+  std::vector<int64_t> starts = ctx.input(2).to_int64_vector(),
+                       ends = ctx.input(3).to_int64_vector();
   std::vector<int64_t> axes, steps;
   if (ctx.has_input(4)) axes = ctx.input(4).to_int64_vector();
   if (ctx.has_input(5)) steps = ctx.input(5).to_int64_vector();
@@ -362,9 +373,14 @@ void batch_norm_grad(KernelContext& ctx) {
   double count = static_cast<double>(n * spatial);
   const float* g = dy.data<float>();
   const float* px = x.data<float>();
-  float* dx = ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
-  float* dscale = ctx.output_requested(1) ? ctx.allocate_output(1, F32, ctx.input(2).shape()).data<float>() : nullptr;
-  float* dbias = ctx.output_requested(2) ? ctx.allocate_output(2, F32, ctx.input(2).shape()).data<float>() : nullptr;
+  float* dx =
+      ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
+  float* dscale = ctx.output_requested(1)
+                      ? ctx.allocate_output(1, F32, ctx.input(2).shape()).data<float>()
+                      : nullptr;
+  float* dbias = ctx.output_requested(2)
+                     ? ctx.allocate_output(2, F32, ctx.input(2).shape()).data<float>()
+                     : nullptr;
   ctx.pool().parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t ch = lo; ch < hi; ++ch) {
       double mu = run_mean[ch], var = run_var[ch];
