@@ -22,13 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# Sizes large enough that kernels, not per-op overhead, dominate.
-CONFIGS = {
-    "mlp": dict(sizes=dict(d_in=512, hidden=1024, d_out=256), batch=256, seq=1),
-    "encoder": dict(sizes=dict(vocab=1000, dim=128, heads=4, layers=2, max_len=128), batch=16, seq=64),
-    "gpt": dict(sizes=dict(vocab=1000, dim=128, heads=4, layers=2, max_len=128), batch=16, seq=64),
-    "cnn": dict(sizes=dict(classes=10), batch=32, seq=1, image=32),
-}
+from configs import CONFIGS  # noqa: E402
 
 
 def rss_kib(field: str) -> int:

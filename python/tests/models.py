@@ -187,9 +187,14 @@ class WithLoss(nn.Module):
         return nn.functional.cross_entropy(self.model(*args), labels)
 
 
-def training_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def training_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0, width: int = 32,
+                    image: int = 16, vocab: int | None = None) -> tuple[torch.Tensor, ...]:
     """example_inputs plus labels, for the loss-producing form of each model."""
-    inputs = example_inputs(name, batch, seq, seed)
+    inputs = example_inputs(name, batch, seq, seed, width, image)
+    if vocab is not None and name in ("gpt", "encoder"):
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (batch, seq), generator=g)
+        inputs = (ids, torch.randint(0, vocab, (batch, seq), generator=g)) if name == "gpt" else (ids, inputs[1])
     if name == "gpt":
         return inputs
     g = torch.Generator().manual_seed(seed + 1000)
@@ -201,17 +206,19 @@ TRAINING_INPUT_NAMES = {"mlp": ["x", "labels"], "encoder": ["ids", "mask", "labe
                         "gpt": ["ids", "targets"], "cnn": ["x", "labels"]}
 
 
-def training_model(name: str, seed: int = 0) -> nn.Module:
-    model = build(name, seed)
+def training_model(name: str, seed: int = 0, **sizes: int) -> nn.Module:
+    model = build(name, seed, **sizes)
     model.train()
     return model if name == "gpt" else WithLoss(model)
 
 
-def export_training(name: str, path: str, seed: int = 0) -> nn.Module:
-    """Exports the loss-producing model in training mode, parameters kept as named initializers."""
+def export_training(name: str, path: str, seed: int = 0, example: dict | None = None,
+                    **sizes: int) -> nn.Module:
+    """Exports the loss-producing model in training mode, parameters kept as named initializers;
+    `example` are keyword arguments of training_inputs."""
     import warnings
 
-    model = training_model(name, seed)
+    model = training_model(name, seed, **sizes)
     names = TRAINING_INPUT_NAMES[name]
     axes = {n: {0: "batch"} for n in names}
     if name in ("encoder", "gpt"):
@@ -221,7 +228,7 @@ def export_training(name: str, path: str, seed: int = 0) -> nn.Module:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, training_inputs(name), path, dynamo=False, opset_version=18,
+        torch.onnx.export(model, training_inputs(name, **(example or {})), path, dynamo=False, opset_version=18,
                           input_names=names, output_names=["loss"], dynamic_axes=axes,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     model.load_state_dict(state)  # the export ran a forward: restore BatchNorm's statistics

@@ -28,12 +28,9 @@ int64_t rank_of(Ctx& c, Value* v) {
   return static_cast<int64_t>(v->type.shape->size());
 }
 
-Value* swap_last_two(Ctx& c, Value* v) {
-  int64_t r = rank_of(c, v);
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < r; ++i) perm.push_back(i);
-  std::swap(perm[static_cast<size_t>(r - 1)], perm[static_cast<size_t>(r - 2)]);
-  return c.op("Transpose", {v}, {{"perm", Attribute::of(perm)}});
+// alpha * op(x) @ op(y) without materializing transposes.
+Value* fused(Ctx& c, Value* x, Value* y, int64_t tx, int64_t ty) {
+  return c.op("FusedMatMul", {x, y}, {{"transA", I(tx)}, {"transB", I(ty)}}, GT);
 }
 
 void matmul(Ctx& c) {
@@ -48,21 +45,28 @@ void matmul(Ctx& c) {
   }
   if (ra == 1) {  // [k] @ [..., k, n] -> [..., n]
     Value* g2 = c.op("Unsqueeze", {g, ints(c, {-2})});
-    if (c.wants(0)) set_reduced(c, 0, c.op("MatMul", {g2, swap_last_two(c, b)}));
+    if (c.wants(0)) set_reduced(c, 0, fused(c, g2, b, 0, 1));
     if (c.wants(1)) set_reduced(c, 1, c.op("MatMul", {c.op("Unsqueeze", {a, ints(c, {-1})}), g2}));
     return;
   }
   if (rb == 1) {  // [..., m, k] @ [k] -> [..., m]
     Value* g2 = c.op("Unsqueeze", {g, ints(c, {-1})});
     if (c.wants(0)) set_reduced(c, 0, c.op("MatMul", {g2, c.op("Unsqueeze", {b, ints(c, {0})})}));
-    if (c.wants(1)) {
-      Value* gb = c.op("MatMul", {swap_last_two(c, a), g2});
-      set_reduced(c, 1, c.op("Squeeze", {gb, ints(c, {-1})}));
-    }
+    if (c.wants(1)) set_reduced(c, 1, c.op("Squeeze", {fused(c, a, g2, 1, 0), ints(c, {-1})}));
     return;
   }
-  if (c.wants(0)) set_reduced(c, 0, c.op("MatMul", {g, swap_last_two(c, b)}));
-  if (c.wants(1)) set_reduced(c, 1, c.op("MatMul", {swap_last_two(c, a), g}));
+  if (c.wants(0)) set_reduced(c, 0, fused(c, g, b, 0, 1));
+  if (c.wants(1)) {
+    if (rb == 2 && ra > 2) {
+      // A weight shared by every batch: one GEMM over the flattened batch, no per-batch
+      // products to sum afterwards.
+      Value* a2 = c.op("Flatten", {a}, {{"axis", I(ra - 1)}});
+      Value* g2 = c.op("Flatten", {g}, {{"axis", I(ra - 1)}});
+      c.set_grad(1, fused(c, a2, g2, 1, 0));
+    } else {
+      set_reduced(c, 1, fused(c, a, g, 1, 0));
+    }
+  }
 }
 
 void gemm(Ctx& c) {

@@ -11,6 +11,7 @@
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/strings.h"
+#include "graphtrain/thread_pool.h"
 
 namespace graphtrain {
 namespace {
@@ -18,10 +19,12 @@ namespace {
 const std::string kParam = "param/", kGrad = "grad/", kM = "optimizer.m/", kV = "optimizer.v/",
                   kState = "state/", kStep = "optimizer/step", kKind = "optimizer/kind";
 
-void add_into(Tensor& acc, const Tensor& g) {
+void add_into(ThreadPool& pool, Tensor& acc, const Tensor& g) {
   float* a = acc.data<float>();
   const float* b = g.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) a[i] += b[i];
+  pool.parallel_for(acc.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) a[i] += b[i];
+  });
 }
 
 Tensor bytes_tensor(const std::string& s) {
@@ -192,7 +195,8 @@ float TrainingSession::train_step(const std::map<std::string, Tensor>& inputs) {
   size_t k = 0;
   for (size_t i = 0; i < param_names_.size(); ++i) {
     if (grad_names_[i].empty()) continue;
-    add_into(grads_[param_names_[i]], grads[k++]);
+    add_into(config_.session.pool ? *config_.session.pool : ThreadPool::global(), grads_[param_names_[i]],
+             grads[k++]);
   }
   return loss;
 }
@@ -207,6 +211,7 @@ void TrainingSession::zero_grad() {
 
 void TrainingSession::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
+  ThreadPool& pool = config_.session.pool ? *config_.session.pool : ThreadPool::global();
   ++steps_;
   for (const auto& name : param_names_) {
     Tensor& p = params_[name];
@@ -232,13 +237,15 @@ void TrainingSession::optimizer_step() {
       const float step_size = static_cast<float>(o.lr / bc1);
       const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
       const float eps = static_cast<float>(o.eps);
-      for (int64_t i = 0; i < n; ++i) {
-        pp[i] *= decay;
-        pm[i] = pm[i] + w1 * (pg[i] - pm[i]);
-        pv[i] = pv[i] * b2 + w2 * pg[i] * pg[i];
-        float denom = std::sqrt(pv[i]) / bc2_sqrt + eps;
-        pp[i] = pp[i] + (-step_size) * pm[i] / denom;
-      }
+      pool.parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          pp[i] *= decay;
+          pm[i] = pm[i] + w1 * (pg[i] - pm[i]);
+          pv[i] = pv[i] * b2 + w2 * pg[i] * pg[i];
+          float denom = std::sqrt(pv[i]) / bc2_sqrt + eps;
+          pp[i] = pp[i] + (-step_size) * pm[i] / denom;
+        }
+      });
     } else {
       // PyTorch's SGD: weight decay into the gradient, then momentum, then the step.
       const float wd = static_cast<float>(o.weight_decay), mom = static_cast<float>(o.momentum),
@@ -247,14 +254,16 @@ void TrainingSession::optimizer_step() {
       bool first = !buf.defined();
       if (mom != 0 && first) buf = Tensor::zeros(DType::kFloat32, p.shape());
       float* pb = mom != 0 ? buf.data<float>() : nullptr;
-      for (int64_t i = 0; i < n; ++i) {
-        float d = wd != 0 ? pg[i] + wd * pp[i] : pg[i];
-        if (pb) {
-          pb[i] = first ? d : pb[i] * mom + d;
-          d = pb[i];
+      pool.parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          float d = wd != 0 ? pg[i] + wd * pp[i] : pg[i];
+          if (pb) {
+            pb[i] = first ? d : pb[i] * mom + d;
+            d = pb[i];
+          }
+          pp[i] = pp[i] + (-lr) * d;
         }
-        pp[i] = pp[i] + (-lr) * d;
-      }
+      });
     }
   }
 }

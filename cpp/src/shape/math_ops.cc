@@ -22,6 +22,9 @@ void matmul(InferenceContext& ctx) {
   bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
   if (a_vec) sa.insert(sa.begin(), SymDim(1));
   if (b_vec) sb.push_back(SymDim(1));
+  // graphtrain::FusedMatMul: op(A) @ op(B) with transposes of the last two dims.
+  if (ctx.node().attr_int("transA", 0)) std::swap(sa[sa.size() - 1], sa[sa.size() - 2]);
+  if (ctx.node().attr_int("transB", 0)) std::swap(sb[sb.size() - 1], sb[sb.size() - 2]);
   check_same(ctx, sa.back(), sb[sb.size() - 2], "inner dimensions");
   SymShape batch =
       broadcast_shapes(ctx, SymShape(sa.begin(), sa.end() - 2), SymShape(sb.begin(), sb.end() - 2));
@@ -220,6 +223,7 @@ void batch_norm(InferenceContext& ctx) {
 
 const bool registered = [] {
   register_shape_inferer("", "MatMul", matmul);
+  register_shape_inferer(kGraphtrainDomain, "FusedMatMul", matmul);
   register_shape_inferer("", "Gemm", gemm);
   for (const char* op : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
     register_shape_inferer("", op, reduce);

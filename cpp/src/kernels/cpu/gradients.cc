@@ -281,6 +281,16 @@ void sce_grad(KernelContext& ctx) {
         else
           coef = static_cast<float>(wl * dl[0] / weight_sum);
       }
+      if (spatial == 1) {  // contiguous classes: vectorized
+        float* row = o + i * c;
+        if (skip) {
+          std::fill(row, row + c, 0.0f);
+        } else {
+          vec::map(lp + i * c, row, c, [coef](auto v) { return coef * vec::exp(v); });
+          row[label] -= coef;
+        }
+        continue;
+      }
       for (int64_t k = 0; k < c; ++k) {
         int64_t at = (i * c + k) * spatial + s;
         o[at] = skip ? 0.0f : coef * (vec::exp(lp[at]) - (k == label ? 1.0f : 0.0f));

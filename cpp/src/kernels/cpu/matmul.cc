@@ -63,19 +63,25 @@ void sgemm(KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
 
 namespace {
 
+// MatMul, and graphtrain::FusedMatMul: alpha * op(A) @ op(B) with op a transpose of the last two
+// dims when transA / transB is set (no transposed copy is made).
 void matmul(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   if (a.dtype() != DType::kFloat32 || b.dtype() != DType::kFloat32)
     ctx.fail("MatMul supports float32 inputs");
   if (a.rank() == 0 || b.rank() == 0) ctx.fail("inputs must have rank 1 or more");
+  bool ta = ctx.node().attr_int("transA", 0) != 0, tb = ctx.node().attr_int("transB", 0) != 0;
+  float alpha = ctx.node().attr_float("alpha", 1.0f);
   Shape sa = a.shape(), sb = b.shape();
   bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
+  if ((a_vec && ta) || (b_vec && tb)) ctx.fail("transA / transB need inputs of rank 2 or more");
   if (a_vec) sa.insert(sa.begin(), 1);
   if (b_vec) sb.push_back(1);
-  int64_t m = sa[sa.size() - 2], k = sa.back(), n = sb.back();
-  if (sb[sb.size() - 2] != k)
-    ctx.fail(str_cat("inner dimensions differ: ", k, " and ", sb[sb.size() - 2]));
+  int64_t m = ta ? sa.back() : sa[sa.size() - 2], k = ta ? sa[sa.size() - 2] : sa.back();
+  int64_t kb = tb ? sb.back() : sb[sb.size() - 2], n = tb ? sb[sb.size() - 2] : sb.back();
+  if (kb != k) ctx.fail(str_cat("inner dimensions differ: ", k, " and ", kb));
+  int64_t lda = sa.back(), ldb = sb.back();
   Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
   Broadcaster bc(ctx, {&ba, &bb});
   Shape out_shape = bc.out_shape();
@@ -87,12 +93,10 @@ void matmul(KernelContext& ctx) {
   const float* pb = b.data<float>();
   float* po = out.data<float>();
   int64_t batch = shape_numel(bc.out_shape());
-  if (shape_numel(bb) == 1) {
+  if (shape_numel(bb) == 1 && shape_numel(ba) == batch && !ta) {
     // B shared by every batch: one GEMM with the batches folded into M.
-    if (shape_numel(ba) == batch) {
-      sgemm(ctx, false, false, batch * m, n, k, 1.0f, pa, k, pb, n, 0.0f, po, n);
-      return;
-    }
+    sgemm(ctx, false, tb, batch * m, n, k, alpha, pa, lda, pb, ldb, 0.0f, po, n);
+    return;
   }
   // General batched case: per-batch offsets of A and B from the broadcast.
   std::vector<int64_t> off_a(static_cast<size_t>(batch)), off_b(static_cast<size_t>(batch));
@@ -114,13 +118,13 @@ void matmul(KernelContext& ctx) {
   if (batch >= ctx.pool().num_threads() || m * n * k < (1 << 18)) {
     ctx.pool().parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
-        sgemm_serial(false, false, m, n, k, 1.0f, pa + off_a[static_cast<size_t>(i)], k,
-                     pb + off_b[static_cast<size_t>(i)], n, 0.0f, po + i * m * n, n);
+        sgemm_serial(ta, tb, m, n, k, alpha, pa + off_a[static_cast<size_t>(i)], lda,
+                     pb + off_b[static_cast<size_t>(i)], ldb, 0.0f, po + i * m * n, n);
     });
   } else {
     for (int64_t i = 0; i < batch; ++i)
-      sgemm(ctx, false, false, m, n, k, 1.0f, pa + off_a[static_cast<size_t>(i)], k,
-            pb + off_b[static_cast<size_t>(i)], n, 0.0f, po + i * m * n, n);
+      sgemm(ctx, ta, tb, m, n, k, alpha, pa + off_a[static_cast<size_t>(i)], lda,
+            pb + off_b[static_cast<size_t>(i)], ldb, 0.0f, po + i * m * n, n);
   }
 }
 
@@ -153,6 +157,7 @@ void gemm(KernelContext& ctx) {
 
 const bool registered = [] {
   register_kernel("", "MatMul", {DType::kFloat32}, matmul);
+  register_kernel(kGraphtrainDomain, "FusedMatMul", {DType::kFloat32}, matmul);
   register_kernel("", "Gemm", {DType::kFloat32}, gemm);
   return true;
 }();

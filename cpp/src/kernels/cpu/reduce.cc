@@ -38,6 +38,31 @@ void reduce(KernelContext& ctx) {
   if ((K == Kind::kMax || K == Kind::kMin) && cols == 0 && x.numel() == 0 &&
       shape_numel(out_shape) > 0)
     ctx.fail("cannot take the max or min of an empty set");
+  // Only leading axes reduced (a bias gradient): add rows into the output, vectorized.
+  bool leading = !tail.empty();
+  for (size_t i = 0; i < tail.size(); ++i) leading &= tail[i] == static_cast<int64_t>(i);
+  if (leading && (K == Kind::kSum || K == Kind::kMean) && cols > 0) {
+    Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
+    int64_t width = out.numel();
+    const float* px = x.data<float>();
+    float* po = out.data<float>();
+    float scale = K == Kind::kMean ? 1.0f / static_cast<float>(cols) : 1.0f;
+    parallel_for(ctx, width, cols, [&](int64_t lo, int64_t hi) {
+      std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
+      std::vector<float> part(static_cast<size_t>(hi - lo));
+      // Blocks of 64 rows in float, blocks summed in double: accurate and vectorized.
+      for (int64_t r0 = 0; r0 < cols; r0 += 64) {
+        std::fill(part.begin(), part.end(), 0.0f);
+        for (int64_t r = r0; r < std::min(cols, r0 + 64); ++r) {
+          const float* row = px + r * width + lo;
+          for (int64_t j = 0; j < hi - lo; ++j) part[static_cast<size_t>(j)] += row[j];
+        }
+        for (int64_t j = 0; j < hi - lo; ++j) acc[static_cast<size_t>(j)] += part[static_cast<size_t>(j)];
+      }
+      for (int64_t j = lo; j < hi; ++j) po[j] = static_cast<float>(acc[static_cast<size_t>(j - lo)]) * scale;
+    });
+    return;
+  }
   // Reduced axes last, so each output element reduces one contiguous row.
   bool identity = true;
   perm.insert(perm.end(), tail.begin(), tail.end());

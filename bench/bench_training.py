@@ -1,0 +1,157 @@
+"""Training step speed and memory: graphtrain's TrainingSession (forward, backward, AdamW in C++)
+against a PyTorch eager step and a torch.compile step (forward, backward, torch.optim.AdamW), same
+model, same data, same threads. Each (runner, model, threads) runs in its own process; peak memory
+is the RSS high-water mark minus RSS before the model was built.
+
+    .venv/bin/python bench/bench_training.py [--quick] [--no-compile]
+
+Prints ratios and writes bench/results/training_step.md. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from configs import CONFIGS, example_kwargs  # noqa: E402
+
+
+def rss_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+    return 0
+
+
+def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict:
+    import torch
+
+    from models import TRAINING_INPUT_NAMES, training_inputs, training_model
+
+    torch.set_num_threads(threads)
+    kw = example_kwargs(model)
+    batches = [training_inputs(model, seed=s, **kw) for s in range(4)]
+    base = rss_kib("VmRSS")
+    if runner == "graphtrain":
+        import graphtrain.engine as ge
+
+        ts = ge.TrainingSession(path, optimizer="adamw", lr=1e-3, weight_decay=0.01)
+        feeds = [{n: t.numpy() for n, t in zip(TRAINING_INPUT_NAMES[model], b)} for b in batches]
+
+        def step(i: int) -> float:
+            ts.zero_grad()
+            loss = ts.train_step(feeds[i % len(feeds)])
+            ts.optimizer_step()
+            return loss
+    else:
+        net = training_model(model, **CONFIGS[model]["sizes"])
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+        fn = torch.compile(net) if runner == "torch.compile" else net
+
+        def step(i: int) -> float:
+            opt.zero_grad()
+            loss = fn(*batches[i % len(batches)])
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+    t0 = time.perf_counter()
+    step(0)
+    first = time.perf_counter() - t0
+    for i in range(1, 3):
+        step(i)
+    times = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"median_ms": 1e3 * times[len(times) // 2], "first_s": first,
+            "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        runner, model, path, threads, iters = args.worker
+        print(json.dumps(worker(runner, model, path, int(threads), int(iters))))
+        return 0
+
+    from machine import describe
+    from models import export_training
+
+    iters = 10 if args.quick else 30
+    runners = ["graphtrain", "eager"] + ([] if args.no_compile else ["torch.compile"])
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for model, cfg in CONFIGS.items():
+            path = os.path.join(d, f"{model}.onnx")
+            export_training(model, path, example=example_kwargs(model), **cfg["sizes"])
+            for threads in (1, 2):
+                result = {}
+                for runner in runners:
+                    env = dict(os.environ, GRAPHTRAIN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--worker", runner, model, path, str(threads), str(iters)],
+                        capture_output=True, text=True, env=env,
+                    )
+                    if out.returncode != 0:
+                        result[runner] = None
+                        print(f"{model} {runner} threads={threads} failed: {out.stderr.strip().splitlines()[-1:]}")
+                        continue
+                    result[runner] = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.append((model, threads, result))
+                g = result["graphtrain"]
+                line = f"{model:8s} threads={threads}: graphtrain {g['median_ms']:8.2f} ms"
+                for r in runners[1:]:
+                    if result.get(r):
+                        line += f" | {r} {result[r]['median_ms']:8.2f} ms (x{result[r]['median_ms'] / g['median_ms']:.2f})"
+                print(line, flush=True)
+    lines = [
+        "# Training step: graphtrain TrainingSession vs PyTorch",
+        "",
+        f"Machine: {describe()}",
+        "",
+        f"One step = forward, backward and AdamW (lr 1e-3, weight decay 0.01). Median of {iters} steps after 3 "
+        "warm-up steps; each runner and thread count in its own process. Speed ratio = their time / graphtrain's "
+        "(> 1: graphtrain is faster). First step: seconds for the first step, graph building or compilation "
+        "included. Peak: RSS high-water mark minus RSS before building the model.",
+        "",
+        "| model | threads | runner | step ms | ratio | first step s | peak MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, threads, result in rows:
+        g = result["graphtrain"]
+        for r in runners:
+            res = result.get(r)
+            if not res:
+                lines.append(f"| {model} | {threads} | {r} | failed | | | |")
+                continue
+            ratio = res["median_ms"] / g["median_ms"]
+            lines.append(f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
+                         f"{res['peak_mib']:.1f} |")
+    sizes = ", ".join(f"{m}: batch {c['batch']}" + (f", seq {c['seq']}" if c['seq'] > 1 else "") + f", {c['sizes']}"
+                      for m, c in CONFIGS.items())
+    lines += ["", f"Models: {sizes}.", ""]
+    out = ROOT / "bench" / "results" / "training_step.md"
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
