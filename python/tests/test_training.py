@@ -115,7 +115,7 @@ def test_bad_checkpoints_are_named(exported, tmp_path):
     export_training("cnn", exported["cnn"])
     ck = str(tmp_path / "mlp.ck")
     ge.TrainingSession(exported["mlp"]).save_checkpoint(ck)
-    with pytest.raises(ModelFileError, match="checkpoint .*: parameter 'model\.\w+\.\w+' is missing"):
+    with pytest.raises(ModelFileError, match=r"checkpoint .*: parameter 'model\.\w+\.\w+' is missing"):
         ge.TrainingSession(exported["cnn"]).load_checkpoint(ck)
     with pytest.raises(ModelFileError, match="adamw state but this session uses sgd"):
         ge.TrainingSession(exported["mlp"], optimizer="sgd").load_checkpoint(ck)

@@ -195,8 +195,8 @@ float TrainingSession::train_step(const std::map<std::string, Tensor>& inputs) {
   size_t k = 0;
   for (size_t i = 0; i < param_names_.size(); ++i) {
     if (grad_names_[i].empty()) continue;
-    add_into(config_.session.pool ? *config_.session.pool : ThreadPool::global(), grads_[param_names_[i]],
-             grads[k++]);
+    add_into(config_.session.pool ? *config_.session.pool : ThreadPool::global(),
+             grads_[param_names_[i]], grads[k++]);
   }
   return loss;
 }

@@ -57,9 +57,11 @@ void reduce(KernelContext& ctx) {
           const float* row = px + r * width + lo;
           for (int64_t j = 0; j < hi - lo; ++j) part[static_cast<size_t>(j)] += row[j];
         }
-        for (int64_t j = 0; j < hi - lo; ++j) acc[static_cast<size_t>(j)] += part[static_cast<size_t>(j)];
+        for (int64_t j = 0; j < hi - lo; ++j)
+          acc[static_cast<size_t>(j)] += part[static_cast<size_t>(j)];
       }
-      for (int64_t j = lo; j < hi; ++j) po[j] = static_cast<float>(acc[static_cast<size_t>(j - lo)]) * scale;
+      for (int64_t j = lo; j < hi; ++j)
+        po[j] = static_cast<float>(acc[static_cast<size_t>(j - lo)]) * scale;
     });
     return;
   }
