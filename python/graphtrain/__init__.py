@@ -7,11 +7,22 @@ __version__ = "0.1.0"
 from . import _C  # noqa: E402  (a bad GRAPHTRAIN_* variable raises OptionError here, early)
 from ._options import Option, RuntimeOptions, options, reload_options, set_option  # noqa: E402
 from .debug_options import DebugOptions  # noqa: E402
-from .errors import GraphtrainError, OptionError  # noqa: E402
+from .errors import GraphtrainError, OptionError, UnsupportedModelError  # noqa: E402
 from .log import LogLevel, capture_output, get_logger, log, log_once, set_log_level  # noqa: E402
+
+
+def __getattr__(name: str) -> object:
+    # GraphModule imports torch: loaded on first use, so `import graphtrain` stays light.
+    if name == "GraphModule":
+        from .graph_module import GraphModule
+
+        return GraphModule
+    raise AttributeError(f"module 'graphtrain' has no attribute {name!r}")
 
 __all__ = [
     "DebugOptions",
+    "GraphModule",
+    "UnsupportedModelError",
     "GraphtrainError",
     "LogLevel",
     "Option",

@@ -19,3 +19,8 @@ class ModelFileError(GraphtrainError):
 
 class InputError(GraphtrainError, ValueError):
     """Inputs given at run time do not match the graph (name, element type, rank or a dim)."""
+
+
+class UnsupportedModelError(GraphtrainError):
+    """GraphModule cannot run this model in the engine; the message names the ATen op, the module
+    and the source line, and says how to fall back to plain PyTorch."""

@@ -69,6 +69,29 @@ void matmul(Ctx& c) {
   }
 }
 
+// graphtrain::FusedMatMul: Y = op(A) @ op(B), op a transpose of the last two dims when set.
+void fused_matmul(Ctx& c) {
+  Value* g = c.output_grad(0);
+  Value* a = c.input(0);
+  Value* b = c.input(1);
+  int64_t ta = c.node().attr_int("transA", 0), tb = c.node().attr_int("transB", 0);
+  if (c.node().attr_float("alpha", 1.0f) != 1.0f)
+    c.fail("alpha other than 1 is not differentiated");
+  int64_t ra = rank_of(c, a), rb = rank_of(c, b);
+  if (ra < 2 || rb < 2) c.fail("FusedMatMul inputs need rank 2 or more");
+  if (c.wants(0)) set_reduced(c, 0, ta ? fused(c, b, g, tb, 1) : fused(c, g, b, 0, 1 - tb));
+  if (c.wants(1)) {
+    if (rb == 2 && ra > 2 && !ta) {
+      // A weight shared by every batch (a linear layer): one GEMM over the flattened batch.
+      Value* a2 = c.op("Flatten", {a}, {{"axis", I(ra - 1)}});
+      Value* g2 = c.op("Flatten", {g}, {{"axis", I(ra - 1)}});
+      c.set_grad(1, tb ? fused(c, g2, a2, 1, 0) : fused(c, a2, g2, 1, 0));
+    } else {
+      set_reduced(c, 1, tb ? fused(c, g, a, 1, ta) : fused(c, a, g, 1 - ta, 0));
+    }
+  }
+}
+
 void gemm(Ctx& c) {
   Value* g = c.output_grad(0);
   const Node& n = c.node();
@@ -205,6 +228,7 @@ const bool registered = [] {
     if (c.wants(2)) set_reduced(c, 2, c.op("Where", {c.input(0), zero, g}));
   });
   register_gradient("", "MatMul", matmul);
+  register_gradient(GT, "FusedMatMul", fused_matmul);
   register_gradient("", "Gemm", gemm);
   register_gradient("", "ReduceSum",
                     [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), false)); });

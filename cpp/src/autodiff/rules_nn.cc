@@ -86,7 +86,7 @@ void batch_norm(Ctx& c) {
       c.op_n("BatchNormalizationGrad",
              {c.output_grad(0), c.input(0), c.input(1), c.input(3), c.input(4)}, 3,
              {{"epsilon", Attribute::of(n.attr_float("epsilon", 1e-5f))},
-              {"training_mode", I(n.attr_int("training_mode", 0))}},
+              {"training_mode", I(n.domain == GT ? 1 : n.attr_int("training_mode", 0))}},
              GT, {c.wants(0), c.wants(1), c.wants(2)});
   for (size_t i = 0; i < 3; ++i)
     if (g[i]) c.set_grad(i, g[i]);
@@ -145,6 +145,9 @@ const bool registered = [] {
   });
   register_gradient("", "LayerNormalization", layer_norm);
   register_gradient("", "BatchNormalization", batch_norm);
+  register_gradient(GT, "BatchNormalization", batch_norm);
+  // StopGradient (torch's detach): the value passes, its gradient does not.
+  register_gradient(GT, "StopGradient", [](Ctx&) {});
   register_gradient("", "Conv", conv);
   register_gradient("", "Dropout", dropout);
   register_gradient("", "SoftmaxCrossEntropyLoss", softmax_cross_entropy);

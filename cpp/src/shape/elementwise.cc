@@ -59,6 +59,7 @@ const bool registered = [] {
   for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
                          "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Softmax", "LogSoftmax"})
     register_shape_inferer("", op, same_as_input);
+  register_shape_inferer(kGraphtrainDomain, "StopGradient", same_as_input);
   register_shape_inferer("", "Identity", [](InferenceContext& ctx) {
     same_as_input(ctx);
     if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);

@@ -234,6 +234,7 @@ const bool registered = [] {
   register_shape_inferer("", "AveragePool", pool);
   register_shape_inferer("", "GlobalAveragePool", global_pool);
   register_shape_inferer("", "BatchNormalization", batch_norm);
+  register_shape_inferer(kGraphtrainDomain, "BatchNormalization", batch_norm);
   return true;
 }();
 

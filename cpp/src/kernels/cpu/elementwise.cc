@@ -383,6 +383,8 @@ const bool registered = [] {
     }
   });
   register_kernel("", "Identity", {}, [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
+  register_kernel(kGraphtrainDomain, "StopGradient", {},
+                  [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
   register_kernel("", "Sign", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 1, [](float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == x ? 0.0f : x)); });
   });

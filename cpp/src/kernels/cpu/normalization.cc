@@ -70,6 +70,13 @@ void batch_norm(KernelContext& ctx) {
   float eps = ctx.node().attr_float("epsilon", 1e-5f);
   float momentum = ctx.node().attr_float("momentum", 0.9f);
   bool training = ctx.node().attr_int("training_mode", 0) != 0;
+  // graphtrain::BatchNormalization follows PyTorch: always batch statistics, `momentum` weighs
+  // the new statistics, and the running variance takes the unbiased batch variance.
+  bool torch_style = ctx.node().domain == kGraphtrainDomain;
+  if (torch_style) {
+    training = true;
+    momentum = 1.0f - momentum;
+  }
   Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -99,8 +106,11 @@ void batch_norm(KernelContext& ctx) {
     }
     if (ctx.output_requested(2)) {
       float* rv = ctx.allocate_output(2, DType::kFloat32, ctx.input(4).shape()).data<float>();
+      float unbias = torch_style && count > 1
+                         ? static_cast<float>(count) / static_cast<float>(count - 1)
+                         : 1.0f;
       for (int64_t ch = 0; ch < c; ++ch)
-        rv[ch] = in_var[ch] * momentum + var[static_cast<size_t>(ch)] * (1 - momentum);
+        rv[ch] = in_var[ch] * momentum + var[static_cast<size_t>(ch)] * unbias * (1 - momentum);
     }
   }
   parallel_for(ctx, n * c, spatial * 2, [&](int64_t lo, int64_t hi) {
@@ -118,6 +128,7 @@ void batch_norm(KernelContext& ctx) {
 const bool registered = [] {
   register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm);
   register_kernel("", "BatchNormalization", {DType::kFloat32}, batch_norm);
+  register_kernel(kGraphtrainDomain, "BatchNormalization", {DType::kFloat32}, batch_norm);
   return true;
 }();
 

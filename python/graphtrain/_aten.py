@@ -1,0 +1,542 @@
+"""Translation of ATen ops (torch.export's training IR) into graphtrain's IR, one function per op.
+
+Each translator receives the FX node and the translation context and returns the name(s) of the
+IR value(s) holding its result. Adding an op is one entry in TRANSLATORS.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ._capture import Translator
+
+aten = torch.ops.aten
+GT = "graphtrain"
+INT64_MAX = 2**63 - 1
+
+TRANSLATORS: dict[Any, Callable[[torch.fx.Node, Translator], Any]] = {}
+
+
+def op(*targets: Any) -> Callable:
+    def register(fn: Callable) -> Callable:
+        for t in targets:
+            TRANSLATORS[t] = fn
+        return fn
+
+    return register
+
+
+def val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def rank(node: Any) -> int:
+    return val(node).dim()
+
+
+def axis(a: int, r: int) -> int:
+    return a + r if a < 0 else a
+
+
+# ---- elementwise -------------------------------------------------------------------------------
+
+def _binary(onnx_op: str) -> Callable:
+    def translate(n: torch.fx.Node, t: Translator) -> str:
+        a, b = n.args[0], n.args[1]
+        like = a if isinstance(a, torch.fx.Node) else b
+        x, y = t.operand(a, like), t.operand(b, like)
+        alpha = n.kwargs.get("alpha", 1)
+        if alpha != 1:
+            y = t.emit("Mul", [y, t.scalar(alpha, like)])
+        return t.emit(onnx_op, [x, y])
+
+    return translate
+
+
+op(aten.add.Tensor, aten.add.Scalar)(_binary("Add"))
+op(aten.sub.Tensor, aten.sub.Scalar)(_binary("Sub"))
+op(aten.mul.Tensor, aten.mul.Scalar)(_binary("Mul"))
+
+
+@op(aten.add_.Tensor, aten.mul_.Tensor, aten.sub_.Tensor)
+def _inplace(n: torch.fx.Node, t: Translator) -> str:
+    name = {aten.add_.Tensor: "Add", aten.mul_.Tensor: "Mul", aten.sub_.Tensor: "Sub"}[n.target]
+    out = _binary(name)(n, t)
+    t.mutated(n.args[0], out)
+    return out
+
+
+@op(aten.div.Tensor, aten.div.Scalar)
+def _div(n: torch.fx.Node, t: Translator) -> str:
+    if n.kwargs.get("rounding_mode") is not None:
+        t.unsupported(n, "division with a rounding mode")
+    return _binary("Div")(n, t)
+
+
+@op(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(n: torch.fx.Node, t: Translator) -> str:
+    a, b = n.args[0], n.args[1]
+    return t.emit("Sub", [t.operand(b, a), t.operand(a, a)])
+
+
+def _unary(onnx_op: str, domain: str = "") -> Callable:
+    return lambda n, t: t.emit(onnx_op, [t.value(n.args[0])], domain=domain)
+
+
+for _target, _name in [(aten.relu.default, "Relu"), (aten.relu_.default, "Relu"), (aten.tanh.default, "Tanh"),
+                       (aten.sigmoid.default, "Sigmoid"), (aten.exp.default, "Exp"), (aten.log.default, "Log"),
+                       (aten.sqrt.default, "Sqrt"), (aten.neg.default, "Neg"), (aten.abs.default, "Abs"),
+                       (aten.erf.default, "Erf"), (aten.reciprocal.default, "Reciprocal")]:
+    op(_target)(_unary(_name))
+
+
+@op(aten.detach.default, aten.detach_.default)
+def _detach(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("StopGradient", [t.value(n.args[0])], domain=GT)
+
+
+@op(aten.contiguous.default, aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)
+def _identity(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Identity", [t.value(n.args[0])])
+
+
+@op(aten.rsqrt.default)
+def _rsqrt(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Reciprocal", [t.emit("Sqrt", [t.value(n.args[0])])])
+
+
+@op(aten.silu.default, aten.silu_.default)
+def _silu(n: torch.fx.Node, t: Translator) -> str:
+    x = t.value(n.args[0])
+    return t.emit("Mul", [x, t.emit("Sigmoid", [x])])
+
+
+@op(aten.gelu.default)
+def _gelu(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Gelu", [t.value(n.args[0])], approximate=n.kwargs.get("approximate", "none"))
+
+
+@op(aten.leaky_relu.default)
+def _leaky_relu(n: torch.fx.Node, t: Translator) -> str:
+    slope = n.args[1] if len(n.args) > 1 else 0.01
+    return t.emit("LeakyRelu", [t.value(n.args[0])], alpha=float(slope))
+
+
+@op(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor)
+def _pow(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Pow", [t.value(n.args[0]), t.operand(n.args[1], n.args[0])])
+
+
+def _compare(onnx_op: str, negate: bool = False) -> Callable:
+    def translate(n: torch.fx.Node, t: Translator) -> str:
+        a, b = n.args
+        like = a if isinstance(a, torch.fx.Node) else b
+        out = t.emit(onnx_op, [t.operand(a, like), t.operand(b, like)])
+        return t.emit("Not", [out]) if negate else out
+
+    return translate
+
+
+op(aten.eq.Tensor, aten.eq.Scalar)(_compare("Equal"))
+op(aten.ne.Tensor, aten.ne.Scalar)(_compare("Equal", negate=True))
+op(aten.lt.Tensor, aten.lt.Scalar)(_compare("Less"))
+op(aten.gt.Tensor, aten.gt.Scalar)(_compare("Greater"))
+op(aten.le.Tensor, aten.le.Scalar)(_compare("LessOrEqual"))
+op(aten.ge.Tensor, aten.ge.Scalar)(_compare("GreaterOrEqual"))
+
+
+@op(aten.logical_not.default, aten.bitwise_not.default)
+def _not(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Not", [t.value(n.args[0])])
+
+
+@op(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf)
+def _where(n: torch.fx.Node, t: Translator) -> str:
+    c, x, y = n.args
+    like = x if isinstance(x, torch.fx.Node) else y
+    return t.emit("Where", [t.value(c), t.operand(x, like), t.operand(y, like)])
+
+
+@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Scalar)
+def _masked_fill(n: torch.fx.Node, t: Translator) -> str:
+    x, mask, value = n.args
+    return t.emit("Where", [t.value(mask), t.operand(value, x), t.value(x)])
+
+
+@op(aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.type_as.default, aten.to.device)
+def _cast(n: torch.fx.Node, t: Translator) -> str:
+    src, dst = val(n.args[0]).dtype, val(n).dtype
+    x = t.value(n.args[0])
+    return t.emit("Identity", [x]) if src == dst else t.emit("Cast", [x], to=t.onnx_dtype(dst))
+
+
+# ---- linear algebra ----------------------------------------------------------------------------
+
+@op(aten.linear.default)
+def _linear(n: torch.fx.Node, t: Translator) -> str:
+    x, w = n.args[0], n.args[1]
+    b = n.args[2] if len(n.args) > 2 else None
+    y = t.emit("FusedMatMul", [t.value(x), t.value(w)], domain=GT, transB=1)
+    return t.emit("Add", [y, t.value(b)]) if b is not None else y
+
+
+@op(aten.matmul.default, aten.bmm.default, aten.mm.default)
+def _matmul(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("MatMul", [t.value(n.args[0]), t.value(n.args[1])])
+
+
+@op(aten.addmm.default)
+def _addmm(n: torch.fx.Node, t: Translator) -> str:
+    c, a, b = n.args[:3]
+    return t.emit("Gemm", [t.value(a), t.value(b), t.value(c)], alpha=float(n.kwargs.get("alpha", 1.0)),
+                  beta=float(n.kwargs.get("beta", 1.0)))
+
+
+# ---- shapes and data movement ------------------------------------------------------------------
+
+@op(aten.t.default)
+def _t(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Transpose", [t.value(n.args[0])], perm=[1, 0]) if rank(n.args[0]) == 2 else t.value(n.args[0])
+
+
+@op(aten.transpose.int)
+def _transpose(n: torch.fx.Node, t: Translator) -> str:
+    r = rank(n.args[0])
+    perm = list(range(r))
+    a, b = axis(n.args[1], r), axis(n.args[2], r)
+    perm[a], perm[b] = perm[b], perm[a]
+    return t.emit("Transpose", [t.value(n.args[0])], perm=perm)
+
+
+@op(aten.permute.default)
+def _permute(n: torch.fx.Node, t: Translator) -> str:
+    r = rank(n.args[0])
+    return t.emit("Transpose", [t.value(n.args[0])], perm=[axis(d, r) for d in n.args[1]])
+
+
+@op(aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+def _reshape(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Reshape", [t.value(n.args[0]), t.shape_vector(n.args[1])])
+
+
+@op(aten.flatten.using_ints)
+def _flatten(n: torch.fx.Node, t: Translator) -> str:
+    r = rank(n.args[0])
+    start = axis(n.args[1] if len(n.args) > 1 else 0, r)
+    end = axis(n.args[2] if len(n.args) > 2 else -1, r)
+    if end == r - 1 and start == 1:
+        return t.emit("Flatten", [t.value(n.args[0])], axis=1)
+    shape = t.emit("Shape", [t.value(n.args[0])])
+    parts = []
+    if start > 0:
+        parts.append(t.emit("Slice", [shape, t.ints([0]), t.ints([start])]))
+    parts.append(t.ints([-1]))
+    if end < r - 1:
+        parts.append(t.emit("Slice", [shape, t.ints([end + 1]), t.ints([INT64_MAX])]))
+    return t.emit("Reshape", [t.value(n.args[0]), t.emit("Concat", parts, axis=0)])
+
+
+@op(aten.unsqueeze.default)
+def _unsqueeze(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Unsqueeze", [t.value(n.args[0]), t.ints([n.args[1]])])
+
+
+@op(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    dims = n.args[1] if len(n.args) > 1 else None
+    if dims is None:
+        return t.emit("Squeeze", [t.value(x)])
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    shape = val(x).shape
+    dims = [d for d in dims if shape[d] == 1]  # torch ignores dims that are not 1
+    return t.emit("Squeeze", [t.value(x), t.ints(dims)]) if dims else t.emit("Identity", [t.value(x)])
+
+
+@op(aten.expand.default)
+def _expand(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    sizes = list(n.args[1])
+    r_in = rank(x)
+    # -1 keeps the input's size: take it from the input's shape.
+    offset = len(sizes) - r_in
+    parts = []
+    for i, s in enumerate(sizes):
+        if isinstance(s, int) and s == -1:
+            parts.append(t.emit("Shape", [t.value(x)], start=i - offset, end=i - offset + 1))
+        else:
+            parts.append(t.shape_vector([s]))
+    return t.emit("Expand", [t.value(x), t.emit("Concat", parts, axis=0)])
+
+
+@op(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+def _split(n: torch.fx.Node, t: Translator) -> list[str]:
+    x = n.args[0]
+    dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
+    outs = val(n)
+    sizes = [int(o.shape[dim]) if not isinstance(o.shape[dim], torch.SymInt) else None for o in outs]
+    if None in sizes:
+        t.unsupported(n, "a split along a dynamic dimension")
+    return t.emit("Split", [t.value(x), t.ints(sizes)], n_out=len(sizes), axis=dim)
+
+
+@op(operator.getitem)
+def _getitem(n: torch.fx.Node, t: Translator) -> str:
+    source = t.values[n.args[0]]
+    return source[n.args[1]]
+
+
+@op(aten.slice.Tensor)
+def _slice(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    dim = n.args[1] if len(n.args) > 1 else 0
+    start = n.args[2] if len(n.args) > 2 else 0
+    end = n.args[3] if len(n.args) > 3 else INT64_MAX
+    step = n.args[4] if len(n.args) > 4 else 1
+    start = 0 if start is None else start
+    end = INT64_MAX if end is None else min(end, INT64_MAX) if isinstance(end, int) else end
+    return t.emit("Slice", [t.value(x), t.shape_vector([start]), t.shape_vector([end]), t.ints([dim]),
+                            t.ints([step])])
+
+
+@op(aten.select.int)
+def _select(n: torch.fx.Node, t: Translator) -> str:
+    x, dim, index = n.args
+    return t.emit("Gather", [t.value(x), t.scalar_int(index)], axis=dim)
+
+
+@op(aten.cat.default)
+def _cat(n: torch.fx.Node, t: Translator) -> str:
+    tensors = [x for x in n.args[0] if val(x).numel() != 0 or val(x).dim() != 1]
+    dim = n.args[1] if len(n.args) > 1 else 0
+    return t.emit("Concat", [t.value(x) for x in tensors], axis=dim)
+
+
+@op(aten.stack.default)
+def _stack(n: torch.fx.Node, t: Translator) -> str:
+    dim = n.args[1] if len(n.args) > 1 else 0
+    parts = [t.emit("Unsqueeze", [t.value(x), t.ints([dim])]) for x in n.args[0]]
+    return t.emit("Concat", parts, axis=dim)
+
+
+@op(aten.embedding.default)
+def _embedding(n: torch.fx.Node, t: Translator) -> str:
+    w, ids = n.args[0], n.args[1]
+    padding_idx = n.args[2] if len(n.args) > 2 else -1
+    if padding_idx not in (-1, None) or (len(n.args) > 3 and n.args[3]):
+        t.unsupported(n, "embedding with padding_idx or scale_grad_by_freq")
+    return t.emit("Gather", [t.value(w), t.value(ids)], axis=0)
+
+
+# ---- creation ----------------------------------------------------------------------------------
+
+@op(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(n: torch.fx.Node, t: Translator) -> str:
+    args = list(n.args)
+    if n.target == aten.arange.default:
+        args = [0, args[0], 1]
+    elif n.target == aten.arange.start:
+        args = [args[0], args[1], 1]
+    like = val(n)
+    return t.emit("Range", [t.scalar_of(a, like.dtype) for a in args[:3]])
+
+
+@op(aten.full.default, aten.zeros.default, aten.ones.default)
+def _full(n: torch.fx.Node, t: Translator) -> str:
+    value = {aten.zeros.default: 0, aten.ones.default: 1}.get(n.target, n.args[1] if len(n.args) > 1 else 0)
+    dtype = val(n).dtype
+    fill = t.const(np.array([value], dtype=t.np_dtype(dtype)))
+    return t.emit("ConstantOfShape", [t.shape_vector(n.args[0])], value=t.tensor_attr(fill))
+
+
+@op(aten.scalar_tensor.default)
+def _scalar_tensor(n: torch.fx.Node, t: Translator) -> str:
+    return t.const(np.array(n.args[0], dtype=t.np_dtype(val(n).dtype)))
+
+
+@op(aten.triu.default, aten.tril.default)
+def _trilu(n: torch.fx.Node, t: Translator) -> str:
+    k = n.args[1] if len(n.args) > 1 else 0
+    return t.emit("Trilu", [t.value(n.args[0]), t.scalar_int(k)], upper=int(n.target == aten.triu.default))
+
+
+# ---- reductions and normalization --------------------------------------------------------------
+
+def _reduce(onnx_op: str) -> Callable:
+    def translate(n: torch.fx.Node, t: Translator) -> str:
+        x = n.args[0]
+        dims = n.args[1] if len(n.args) > 1 else None
+        keep = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
+        if n.kwargs.get("dtype") is not None:
+            t.unsupported(n, "a reduction with a dtype argument")
+        inputs = [t.value(x)]
+        if dims is not None and list(dims) != []:
+            inputs.append(t.ints([dims] if isinstance(dims, int) else list(dims)))
+        return t.emit(onnx_op, inputs, keepdims=int(keep))
+
+    return translate
+
+
+op(aten.sum.dim_IntList, aten.sum.default)(_reduce("ReduceSum"))
+op(aten.mean.dim, aten.mean.default)(_reduce("ReduceMean"))
+op(aten.amax.default)(_reduce("ReduceMax"))
+op(aten.amin.default)(_reduce("ReduceMin"))
+
+
+@op(aten.softmax.int, aten._softmax.default)
+def _softmax(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Softmax", [t.value(n.args[0])], axis=n.args[1])
+
+
+@op(aten.log_softmax.int, aten._log_softmax.default)
+def _log_softmax(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("LogSoftmax", [t.value(n.args[0])], axis=n.args[1])
+
+
+@op(aten.layer_norm.default)
+def _layer_norm(n: torch.fx.Node, t: Translator) -> str:
+    x, shape = n.args[0], n.args[1]
+    w = n.args[2] if len(n.args) > 2 else None
+    b = n.args[3] if len(n.args) > 3 else None
+    eps = n.args[4] if len(n.args) > 4 else 1e-5
+    if w is None:
+        w_name = t.const(np.ones(list(shape), np.float32))
+    else:
+        w_name = t.value(w)
+    inputs = [t.value(x), w_name] + ([t.value(b)] if b is not None else [])
+    return t.emit("LayerNormalization", inputs, axis=-len(shape), epsilon=float(eps))
+
+
+@op(aten.cross_entropy_loss.default)
+def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
+    args = list(n.args) + [None] * 6
+    scores, target, weight = args[0], args[1], args[2]
+    reduction = args[3] if args[3] is not None else 1
+    ignore = args[4] if args[4] is not None else -100
+    smoothing = args[5] if args[5] is not None else 0.0
+    if smoothing:
+        t.unsupported(n, "cross entropy with label smoothing")
+    if val(target).dtype.is_floating_point:
+        t.unsupported(n, "cross entropy with class probabilities as targets")
+    inputs = [t.value(scores), t.value(target)] + ([t.value(weight)] if weight is not None else [])
+    return t.emit("SoftmaxCrossEntropyLoss", inputs, reduction=["none", "mean", "sum"][reduction],
+                  ignore_index=int(ignore))
+
+
+@op(aten.dropout.default)
+def _dropout(n: torch.fx.Node, t: Translator) -> str:
+    x, p, train = n.args[0], float(n.args[1]), bool(n.args[2])
+    if not train or p == 0.0:
+        return t.emit("Identity", [t.value(x)])
+    outs = t.emit("Dropout", [t.value(x), t.const(np.array(p, np.float32)), t.const(np.array(True))], n_out=2)
+    return outs[0]
+
+
+@op(aten.batch_norm.default)
+def _batch_norm(n: torch.fx.Node, t: Translator) -> str:
+    x, w, b, mean, var, training, momentum, eps = n.args[:8]
+    c = val(x).shape[1]
+    w_name = t.value(w) if w is not None else t.const(np.ones(c, np.float32))
+    b_name = t.value(b) if b is not None else t.const(np.zeros(c, np.float32))
+    if mean is None or var is None:
+        t.unsupported(n, "batch norm without running statistics")
+    inputs = [t.value(x), w_name, b_name, t.value(mean), t.value(var)]
+    if not training:
+        return t.emit("BatchNormalization", inputs, epsilon=float(eps))
+    y, new_mean, new_var = t.emit("BatchNormalization", inputs, n_out=3, domain=GT, epsilon=float(eps),
+                                  momentum=float(momentum))
+    t.mutated(mean, new_mean)
+    t.mutated(var, new_var)
+    return y
+
+
+# ---- convolution and pooling -------------------------------------------------------------------
+
+def _pair(v: Any, spatial: int) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * spatial if len(v) == 1 else v
+
+
+@op(aten.conv2d.default, aten.conv1d.default, aten.conv2d.padding, aten.conv1d.padding)
+def _conv(n: torch.fx.Node, t: Translator) -> str:
+    args = list(n.args) + [None] * 7
+    x, w, b, stride, padding, dilation, groups = args[:7]
+    spatial = rank(x) - 2
+    attrs: dict[str, Any] = {"strides": _pair(stride or 1, spatial), "dilations": _pair(dilation or 1, spatial),
+                             "group": int(groups or 1)}
+    if isinstance(padding, str):
+        if padding == "same":
+            attrs["auto_pad"] = "SAME_UPPER"
+        elif padding != "valid":
+            t.unsupported(n, f"padding '{padding}'")
+    else:
+        p = _pair(padding or 0, spatial)
+        attrs["pads"] = p + p
+    inputs = [t.value(x), t.value(w)] + ([t.value(b)] if b is not None else [])
+    return t.emit("Conv", inputs, **attrs)
+
+
+@op(aten.max_pool2d.default)
+def _max_pool(n: torch.fx.Node, t: Translator) -> str:
+    args = list(n.args) + [None] * 6
+    x, kernel, stride, padding, dilation, ceil = args[:6]
+    k = _pair(kernel, 2)
+    s = _pair(stride, 2) if stride not in (None, []) else k
+    p = _pair(padding or 0, 2)
+    out = t.emit("MaxPool", [t.value(x)], n_out=2, kernel_shape=k, strides=s, pads=p + p,
+                 dilations=_pair(dilation or 1, 2), ceil_mode=int(bool(ceil)))
+    return out[0]
+
+
+@op(aten.avg_pool2d.default)
+def _avg_pool(n: torch.fx.Node, t: Translator) -> str:
+    args = list(n.args) + [None] * 7
+    x, kernel, stride, padding, ceil, include_pad, divisor = args[:7]
+    if divisor is not None:
+        t.unsupported(n, "avg_pool2d with divisor_override")
+    k = _pair(kernel, 2)
+    s = _pair(stride, 2) if stride not in (None, []) else k
+    p = _pair(padding or 0, 2)
+    return t.emit("AveragePool", [t.value(x)], kernel_shape=k, strides=s, pads=p + p, ceil_mode=int(bool(ceil)),
+                  count_include_pad=int(True if include_pad is None else bool(include_pad)))
+
+
+@op(aten.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool(n: torch.fx.Node, t: Translator) -> str:
+    size = _pair(n.args[1], 2)
+    if size != [1, 1]:
+        t.unsupported(n, f"adaptive_avg_pool2d to {size} (only (1, 1) is supported)")
+    return t.emit("GlobalAveragePool", [t.value(n.args[0])])
+
+
+# ---- symbolic sizes ----------------------------------------------------------------------------
+
+@op(aten.sym_size.int)
+def _sym_size(n: torch.fx.Node, t: Translator) -> str:
+    d = n.args[1]
+    r = rank(n.args[0])
+    d = axis(d, r)
+    return t.emit("Shape", [t.value(n.args[0])], start=d, end=d + 1)
+
+
+def _sym_binary(onnx_op: str) -> Callable:
+    def translate(n: torch.fx.Node, t: Translator) -> str:
+        return t.emit(onnx_op, [t.shape_vector([n.args[0]]), t.shape_vector([n.args[1]])])
+
+    return translate
+
+
+op(operator.mul)(_sym_binary("Mul"))
+op(operator.add)(_sym_binary("Add"))
+op(operator.sub)(_sym_binary("Sub"))
+op(operator.floordiv)(_sym_binary("Div"))
+
+# Checks torch.export inserts; nothing to compute.
+SKIPPED = {aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default,
+           torch.ops.aten.sym_constrain_range_for_size.default}

@@ -1,0 +1,188 @@
+"""GraphModule: a drop-in nn.Module whose forward and backward run in graphtrain's engine."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import _C
+from ._capture import Captured, capture
+from ._options import options
+from .debug_options import DebugOptions
+from .errors import UnsupportedModelError
+from .log import log, log_once, refresh_rank
+
+Model = _C.Model
+Session = _C.Session
+
+
+class _Runner:
+    """The engine side of one capture: an inference session, and forward/backward sessions built
+    by graphtrain's gradient builder for the parameters and inputs that want gradients."""
+
+    def __init__(self, captured: Captured, module: torch.nn.Module, wants: list[bool], debug: DebugOptions,
+                 label: str) -> None:
+        self.captured = captured
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.buffers = dict(module.named_buffers(remove_duplicate=False))
+        self.n_out = len(captured.outputs)
+        model = Model.from_bytes(captured.model.SerializeToString())
+        self.infer = Session(model)
+        names = [i.name for i in captured.inputs]
+        self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
+        self.wrt_index = [k for k, w in enumerate(wants) if w]
+        grad_outputs = [o for o, f in zip(captured.outputs, captured.output_float) if f]
+        self.float_outputs = [k for k, f in enumerate(captured.output_float) if f]
+        self.forward = self.backward = None
+        if self.wrt and grad_outputs:
+            fwd, bwd, info = model.gradient_graphs(grad_outputs, self.wrt, False)
+            self.forward, self.backward = Session(fwd), Session(bwd)
+            self.grad_names = info["grads"]
+            self.n_stash = len(info["stashed"])
+            if debug.save_onnx:
+                self._save(debug, label, {"forward": model, "training_forward": fwd, "training_backward": bwd})
+        elif debug.save_onnx:
+            self._save(debug, label, {"forward": model})
+        assert names == self.infer.input_names
+
+    @staticmethod
+    def _save(debug: DebugOptions, label: str, models: dict[str, Any]) -> None:
+        folder = debug.save_path or options()["save_onnx_path"].value or "."
+        os.makedirs(folder, exist_ok=True)
+        for kind, m in models.items():
+            path = os.path.join(folder, f"{debug.onnx_prefix}_{label}_{kind}.onnx")
+            m.save(path)
+            log("INFO", f"saved the {kind} graph to {path}")
+
+    def tensors(self, flat_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for gi in self.captured.inputs:
+            if gi.kind == "param":
+                out.append(self.params[gi.key])
+            elif gi.kind == "buffer":
+                out.append(self.buffers[gi.key])
+            else:
+                out.append(flat_tensors[gi.key])
+        return out
+
+    def write_buffers(self, updates: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for (_, name), value in zip(self.captured.buffer_updates, updates):
+                self.buffers[name].copy_(value)
+
+
+class _EngineFunction(torch.autograd.Function):
+    """Connects the engine's forward and backward graphs to torch autograd."""
+
+    @staticmethod
+    def forward(ctx: Any, runner: _Runner, *tensors: torch.Tensor) -> Any:
+        outs = runner.forward.run([t.detach() for t in tensors])
+        n, nb = runner.n_out, len(runner.captured.buffer_updates)
+        runner.write_buffers(outs[n:n + nb])
+        ctx.runner = runner
+        ctx.stash = outs[n + nb:]
+        user = outs[:n]
+        ctx.mark_non_differentiable(*[u for k, u in enumerate(user) if not runner.captured.output_float[k]])
+        return tuple(user)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        runner: _Runner = ctx.runner
+        feeds = [grads[k].contiguous() for k in runner.float_outputs] + list(ctx.stash)
+        results = iter(runner.backward.run(feeds))
+        ctx.stash = None  # the stashed values are no longer needed
+        out: list[Any] = [None] * len(runner.captured.inputs)
+        for index, name in zip(runner.wrt_index, runner.grad_names):
+            if name:
+                out[index] = next(results)
+        return (None, *out)
+
+
+def _describe(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return ("tensor", leaf.dtype, leaf.dim(), leaf.requires_grad, leaf.device.type)
+    try:
+        hash(leaf)
+        return ("const", type(leaf).__name__, leaf)
+    except TypeError:
+        return ("const", type(leaf).__name__, repr(leaf))
+
+
+class GraphModule(torch.nn.Module):
+    """Wraps `module`: its forward is captured once (per input schema and train/eval mode) into a
+    graph, its gradient graph is built by graphtrain, and both run in graphtrain's C++ engine.
+
+    Parameters stay the module's torch parameters: any torch optimizer, gradient clipping,
+    zero_grad and LR scheduler work unchanged, and `.grad` fills as in eager mode. Batch and
+    sequence sizes are symbolic: changing them does not re-capture.
+    """
+
+    def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None) -> None:
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"GraphModule wraps an nn.Module, got {type(module).__name__}")
+        self.module = module
+        self._debug = debug_options or DebugOptions()
+        self._debug.apply()
+        self._runners: dict[Any, _Runner] = {}
+        self._eager = False
+        self.captures = 0  # how many times a graph was captured (for tests and diagnostics)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._eager:
+            return self.module(*args, **kwargs)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = (spec, tuple(_describe(x) for x in flat), self.training,
+               tuple(p.requires_grad for p in self.module.parameters()))
+        runner = self._runners.get(key)
+        if runner is None:
+            try:
+                runner = self._capture(flat, spec)
+            except UnsupportedModelError as e:
+                if options()["fallback_policy"].value == "EAGER":
+                    log_once("WARNING", f"{e} Running {type(self.module).__name__} in plain PyTorch "
+                                        "(GRAPHTRAIN_FALLBACK_POLICY=eager).", key=("fallback", id(self)))
+                    self._eager = True
+                    return self.module(*args, **kwargs)
+                raise
+            self._runners[key] = runner
+        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
+        all_inputs = runner.tensors(tensors_in)
+        needs_grad = torch.is_grad_enabled() and runner.forward is not None and any(
+            all_inputs[k].requires_grad for k in runner.wrt_index)
+        if needs_grad:
+            outs = list(_EngineFunction.apply(runner, *all_inputs))
+        else:
+            res = runner.infer.run([t.detach() for t in all_inputs])
+            runner.write_buffers(res[runner.n_out:])
+            outs = res[:runner.n_out]
+        it = iter(outs)
+        leaves = [next(it) if x is None else x for x in runner.captured.out_leaves]
+        return pytree.tree_unflatten(leaves, runner.captured.out_spec)
+
+    def _capture(self, flat: list[Any], spec: Any) -> _Runner:
+        refresh_rank()
+        t0 = time.perf_counter()
+        label = "train" if self.training else "eval"
+        captured = capture(self.module, flat, spec, f"{type(self.module).__name__}_{label}")
+        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
+        params = dict(self.module.named_parameters(remove_duplicate=False))
+        wants = []
+        for gi in captured.inputs:
+            if gi.kind == "param":
+                p = params[gi.key]
+                wants.append(p.requires_grad and p.dtype.is_floating_point)
+            elif gi.kind == "input":
+                x = tensors_in[gi.key]
+                wants.append(x.requires_grad and x.dtype.is_floating_point)
+            else:
+                wants.append(False)
+        runner = _Runner(captured, self.module, wants, self._debug, label)
+        self.captures += 1
+        log("INFO", f"captured {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
+                    f"{len(captured.model.graph.node)} nodes")
+        return runner
