@@ -47,7 +47,17 @@ class Captured:
     output_float: list[bool]
     buffer_updates: list[tuple[str, str]] = field(default_factory=list)  # (graph output, buffer name)
     out_spec: Any = None               # pytree spec of the module's output
-    out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves (tensor leaves: None)
+    out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves; TENSOR marks tensors
+
+
+class _TensorSlot:
+    """Marks where a tensor goes among the leaves of an argument or output structure."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR = _TensorSlot()
 
 
 class _Flat(torch.nn.Module):
@@ -62,12 +72,12 @@ class _Flat(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         it = iter(tensors)
-        leaves = [next(it) if x is None else x for x in self._leaves]
+        leaves = [next(it) if x is TENSOR else x for x in self._leaves]
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         out = self.module(*args, **kwargs)
         flat, out_spec = pytree.tree_flatten(out)
         self._record["spec"] = out_spec
-        self._record["leaves"] = [None if isinstance(x, torch.Tensor) else x for x in flat]
+        self._record["leaves"] = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
         return tuple(x for x in flat if isinstance(x, torch.Tensor))
 
 
@@ -208,7 +218,7 @@ def _value_info(name: str, meta: Any) -> onnx.ValueInfoProto:
 def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[Any, dict]:
     """torch.export of the module over its flattened tensor arguments, all dims dynamic where
     torch.export can keep them so (batch and sequence sizes do not re-capture)."""
-    leaves = [None if isinstance(x, torch.Tensor) else x for x in flat]
+    leaves = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
     tensors = tuple(x.detach() for x in flat if isinstance(x, torch.Tensor))
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)

@@ -10,7 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _C
-from ._capture import Captured, capture
+from ._capture import TENSOR, Captured, capture
 from ._options import options
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
@@ -161,7 +161,7 @@ class GraphModule(torch.nn.Module):
             runner.write_buffers(res[runner.n_out:])
             outs = res[:runner.n_out]
         it = iter(outs)
-        leaves = [next(it) if x is None else x for x in runner.captured.out_leaves]
+        leaves = [next(it) if x is TENSOR else x for x in runner.captured.out_leaves]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)
 
     def _capture(self, flat: list[Any], spec: Any) -> _Runner:
