@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C
+from . import _C, _cache
 from ._capture import TENSOR, Captured, capture
 from ._options import options
 from .debug_options import DebugOptions
@@ -130,18 +130,18 @@ class GraphModule(torch.nn.Module):
         self._debug.apply()
         self._runners: dict[Any, _Runner] = {}
         self._eager = False
-        self.captures = 0  # how many times a graph was captured (for tests and diagnostics)
+        self.captures = 0  # graphs captured with torch.export (cache hits do not count)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._eager:
             return self.module(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
-        key = (spec, tuple(_describe(x) for x in flat), self.training,
-               tuple(p.requires_grad for p in self.module.parameters()))
+        schema = (spec, tuple(_describe(x) for x in flat))
+        key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()))
         runner = self._runners.get(key)
         if runner is None:
             try:
-                runner = self._capture(flat, spec)
+                runner = self._capture(flat, spec, schema)
             except UnsupportedModelError as e:
                 if options()["fallback_policy"].value == "EAGER":
                     log_once("WARNING", f"{e} Running {type(self.module).__name__} in plain PyTorch "
@@ -164,11 +164,25 @@ class GraphModule(torch.nn.Module):
         leaves = [next(it) if x is TENSOR else x for x in runner.captured.out_leaves]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)
 
-    def _capture(self, flat: list[Any], spec: Any) -> _Runner:
+    def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
         refresh_rank()
         t0 = time.perf_counter()
-        label = "train" if self.training else "eval"
-        captured = capture(self.module, flat, spec, f"{type(self.module).__name__}_{label}")
+        label = "train" if self.module.training else "eval"
+        captured = None
+        cache_dir = options()["cache_dir"].value
+        path = ""
+        if cache_dir:
+            path = os.path.join(cache_dir, f"{type(self.module).__name__}-{_cache.cache_key(self.module, schema, self.module.training)}.onnx")
+            hit = _cache.load(path)
+            if hit is not None:
+                captured, seconds = hit
+                log("INFO", f"loaded the captured graph of {type(self.module).__name__} ({label}) from {path}; "
+                            f"capturing took {seconds:.2f} s")
+        if captured is None:
+            captured = capture(self.module, flat, spec, f"{type(self.module).__name__}_{label}")
+            self.captures += 1
+            if path:
+                _cache.save(path, captured, time.perf_counter() - t0)
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         params = dict(self.module.named_parameters(remove_duplicate=False))
         wants = []
@@ -182,7 +196,6 @@ class GraphModule(torch.nn.Module):
             else:
                 wants.append(False)
         runner = _Runner(captured, self.module, wants, self._debug, label)
-        self.captures += 1
-        log("INFO", f"captured {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
+        log("INFO", f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
                     f"{len(captured.model.graph.node)} nodes")
         return runner

@@ -1,0 +1,152 @@
+"""The on-disk cache of captured graphs (GRAPHTRAIN_CACHE_DIR).
+
+A cached capture is a real ONNX model (it opens in Netron) whose metadata holds what GraphModule
+needs besides the graph, and a checksum. Writes are atomic (a temporary file renamed into place),
+so two processes writing one key both leave a whole file; a corrupted or incompatible file is
+reported once and replaced by a fresh capture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import onnx
+import torch
+from torch.utils import _pytree as pytree
+
+from ._capture import OPSET, TENSOR, Captured, GraphInput
+from .log import log, log_once
+
+FORMAT = 1
+_META_KEY = "graphtrain.capture"
+_SUM_KEY = "graphtrain.checksum"
+
+
+def _rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        fn = getattr(cls.forward, "__code__", None)
+        return hashlib.sha256(fn.co_code).hexdigest() if fn else cls.__qualname__
+
+
+def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
+    """Covers what changes the captured graph: module structure and forward sources, parameter and
+    buffer names, shapes and dtypes, the input schema, train/eval, versions, and the rank."""
+    from . import __version__
+
+    h = hashlib.sha256()
+
+    def add(*items: Any) -> None:
+        for item in items:
+            h.update(repr(item).encode())
+            h.update(b"\0")
+
+    add(FORMAT, OPSET, __version__, torch.__version__, training, _rank(), schema)
+    seen: set[type] = set()
+    for name, sub in module.named_modules():
+        cls = type(sub)
+        add(name, cls.__module__, cls.__qualname__)
+        if cls not in seen:
+            seen.add(cls)
+            add(_source(cls))
+    for name, p in module.named_parameters(remove_duplicate=False):
+        add(name, tuple(p.shape), p.dtype, p.requires_grad)
+    for name, b in module.named_buffers(remove_duplicate=False):
+        add(name, tuple(b.shape), b.dtype)
+    return h.hexdigest()[:32]
+
+
+def _checksum(model: onnx.ModelProto, meta: str) -> str:
+    return hashlib.sha256(model.graph.SerializeToString() + meta.encode()).hexdigest()
+
+
+def _leaf_to_json(x: Any) -> Any:
+    if x is TENSOR:
+        return {"__tensor__": 1}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(type(x).__name__)
+
+
+def save(path: str, captured: Captured, seconds: float) -> None:
+    try:
+        leaves = [_leaf_to_json(x) for x in captured.out_leaves]
+    except TypeError as e:
+        log("DEVINFO", f"capture not cached: the module returns a {e} that cannot be stored")
+        return
+    meta = json.dumps({
+        "format": FORMAT,
+        "inputs": [[i.kind, i.key, i.name] for i in captured.inputs],
+        "outputs": captured.outputs,
+        "output_float": captured.output_float,
+        "buffer_updates": captured.buffer_updates,
+        "out_spec": pytree.treespec_dumps(captured.out_spec),
+        "out_leaves": leaves,
+        "capture_seconds": seconds,
+    })
+    model = onnx.ModelProto()
+    model.CopyFrom(captured.model)
+    for key, value in ((_META_KEY, meta), (_SUM_KEY, _checksum(model, meta))):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".onnx")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str) -> tuple[Captured, float] | None:
+    """The cached capture at `path`, or None when there is none or it is unusable (warned once)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        model = onnx.ModelProto()
+        with open(path, "rb") as f:
+            model.ParseFromString(f.read())
+        props = {p.key: p.value for p in model.metadata_props}
+        meta = props[_META_KEY]
+        del model.metadata_props[:]
+        if props.get(_SUM_KEY) != _checksum(model, meta):
+            raise ValueError("checksum mismatch")
+        m = json.loads(meta)
+        if m["format"] != FORMAT:
+            raise ValueError(f"format {m['format']}, expected {FORMAT}")
+        leaves = [TENSOR if isinstance(x, dict) and x.get("__tensor__") else x for x in m["out_leaves"]]
+        captured = Captured(
+            model=model,
+            inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],
+            outputs=m["outputs"], output_float=m["output_float"],
+            buffer_updates=[tuple(x) for x in m["buffer_updates"]],
+            out_spec=pytree.treespec_loads(m["out_spec"]), out_leaves=leaves,
+        )
+        return captured, float(m["capture_seconds"])
+    except Exception as e:  # noqa: BLE001 - any defect means: capture again
+        log_once("WARNING", f"the cached graph {path} is unusable ({type(e).__name__}: {e}); capturing "
+                            "again and replacing it", key=("bad-cache", path))
+        return None

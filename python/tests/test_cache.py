@@ -1,0 +1,88 @@
+"""The export cache: a second process with the same key captures nothing and trains the same;
+what changes the graph captures anew; a damaged file is replaced."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+
+SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, {tests!r})
+import graphtrain
+from models import training_model, training_inputs
+torch.manual_seed(0)
+hidden = int(sys.argv[1]); dtype = sys.argv[2]; mode = sys.argv[3]
+model = training_model("mlp", hidden=hidden)
+if mode == "eval":
+    model.eval()
+gm = graphtrain.GraphModule(model)
+x, y = training_inputs("mlp", seed=3)
+if dtype == "int64":  # integer features, cast inside the model
+    class Cast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = training_model("mlp", hidden=hidden)
+
+        def forward(self, x, y):
+            return self.inner(x.float(), y)
+
+    gm = graphtrain.GraphModule(Cast())
+    x = (x * 10).long()
+loss = gm(x, y)
+if mode == "train":
+    loss.backward()
+print("RESULT", gm.captures, repr(loss.item()))
+"""
+
+
+def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING"):
+    code = SCRIPT.format(tests=str(Path(__file__).parent))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
+    env.update(GRAPHTRAIN_CACHE_DIR=str(cache), GRAPHTRAIN_LOG_LEVEL=level)
+    r = subprocess.run([sys.executable, "-c", code, str(hidden), dtype, mode], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")][0].split()
+    return int(line[1]), float(line[2]), r.stderr
+
+
+def test_second_process_captures_nothing_and_agrees(tmp_path):
+    captures, loss, _ = run(tmp_path)
+    assert captures == 1
+    files = list(tmp_path.glob("*.onnx"))
+    assert len(files) == 1
+    onnx.checker.check_model(onnx.load(files[0]))  # a cached graph is a real ONNX model
+    captures2, loss2, log = run(tmp_path, level="INFO")
+    assert captures2 == 0 and loss2 == loss
+    assert f"loaded the captured graph of WithLoss (train) from {files[0]}" in log
+    assert "capturing took" in log
+
+
+def test_changes_that_matter_capture_anew(tmp_path):
+    run(tmp_path)
+    assert run(tmp_path, hidden=48)[0] == 1          # a hidden size: parameter shapes
+    assert run(tmp_path, mode="eval")[0] == 1        # train / eval
+    assert run(tmp_path, dtype="int64")[0] == 1      # an input dtype
+    assert run(tmp_path, dtype="int64")[0] == 0
+    assert len(list(tmp_path.glob("*.onnx"))) == 4
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert run(tmp_path, hidden=48)[0] == 0
+
+
+def test_damaged_file_is_replaced_with_one_warning(tmp_path):
+    _, loss, _ = run(tmp_path)
+    (path,) = tmp_path.glob("*.onnx")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    captures, loss2, log = run(tmp_path)
+    assert captures == 1 and loss2 == loss
+    assert log.count("is unusable") == 1 and str(path) in log
+    assert run(tmp_path)[0] == 0  # replaced by a good file
+    # A flipped byte inside the graph: the checksum catches it.
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert run(tmp_path)[0] == 1
