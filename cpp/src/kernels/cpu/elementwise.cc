@@ -303,13 +303,11 @@ void cast_kernel(KernelContext& ctx) {
   });
 }
 
-float gelu_erf(float x) {
-  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-}
-float gelu_tanh(float x) {
+const auto gelu_erf = [](auto x) { return 0.5f * x * (1.0f + vec::erf(x * 0.70710678118654752f)); };
+const auto gelu_tanh = [](auto x) {
   const float k = 0.79788456080286536f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
+  return 0.5f * x * (1.0f + vec::tanh(k * (x + 0.044715f * x * x * x)));
+};
 
 const bool registered = [] {
   register_kernel("", "Add", {F32, I64, I32}, arith<AddOp>);
@@ -332,19 +330,19 @@ const bool registered = [] {
   register_kernel("", "Reciprocal", {F32},
                   [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
   register_kernel("", "Exp", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::exp(x); });
+    unary_vec(ctx, 2, [](auto x) { return vec::exp(x); });
   });
   register_kernel("", "Log", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 8, [](float x) { return std::log(x); });
   });
   register_kernel("", "Tanh", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::tanh(x); });
+    unary_vec(ctx, 3, [](auto x) { return vec::tanh(x); });
   });
   register_kernel("", "Erf", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::erf(x); });
+    unary_vec(ctx, 3, [](auto x) { return vec::erf(x); });
   });
   register_kernel("", "Sigmoid", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return 1.0f / (1.0f + std::exp(-x)); });
+    unary_vec(ctx, 2, [](auto x) { return 1.0f / (1.0f + vec::exp(-x)); });
   });
   register_kernel("", "Relu", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 1, [](float x) { return x > 0 ? x : 0.0f; });
@@ -356,9 +354,9 @@ const bool registered = [] {
   register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
     std::string approx = ctx.node().attr_string("approximate", "none");
     if (approx == "tanh")
-      unary_f32(ctx, 10, gelu_tanh);
+      unary_vec(ctx, 4, gelu_tanh);
     else if (approx == "none")
-      unary_f32(ctx, 10, gelu_erf);
+      unary_vec(ctx, 4, gelu_erf);
     else
       ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
   });
