@@ -86,3 +86,19 @@ def test_damaged_file_is_replaced_with_one_warning(tmp_path):
     data[len(data) // 3] ^= 0x01
     path.write_bytes(bytes(data))
     assert run(tmp_path)[0] == 1
+
+
+def test_two_processes_writing_one_key(tmp_path):
+    code = SCRIPT.format(tests=str(Path(__file__).parent))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
+    env["GRAPHTRAIN_CACHE_DIR"] = str(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", code, "64", "float32", "train"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    losses = {r[0].split()[-1] for r in results}
+    assert len(losses) == 1
+    files = list(tmp_path.glob("*"))
+    assert len(files) == 1 and files[0].suffix == ".onnx"  # one whole file, no temporary left
+    onnx.checker.check_model(onnx.load(files[0]))
+    assert run(tmp_path)[0] == 0
