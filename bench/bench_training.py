@@ -26,14 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from machine import rss_kib  # noqa: E402
 from configs import CONFIGS, example_kwargs  # noqa: E402
-
-
-def rss_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
-    return 0
 
 
 def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict:

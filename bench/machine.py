@@ -6,6 +6,14 @@ import os
 import platform
 
 
+def rss_kib(field: str) -> int:
+    """A memory figure of this process from /proc/self/status: VmRSS (now) or VmHWM (peak)."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+    return 0
+
+
 def describe() -> str:
     cpu = "unknown CPU"
     try:

@@ -2,6 +2,7 @@
 // with symbolic values propagated through shape computations.
 #include <algorithm>
 
+#include "core/slicing.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/strings.h"
 
@@ -200,25 +201,6 @@ void concat(InferenceContext& ctx) {
   ctx.set_output_values(0, values);
 }
 
-// Clamped ONNX Slice bounds for one axis of size `dim`.
-struct SliceRange {
-  int64_t start, step, count;
-};
-SliceRange slice_range(int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (start < 0) start += dim;
-  if (end < 0) end += dim;
-  if (step > 0) {
-    start = std::clamp<int64_t>(start, 0, dim);
-    end = std::clamp<int64_t>(end, 0, dim);
-  } else {
-    start = std::clamp<int64_t>(start, 0, dim - 1);
-    end = std::clamp<int64_t>(end, -1, dim - 1);
-  }
-  int64_t count =
-      step > 0 ? (end - start + step - 1) / step : (start - end + (-step) - 1) / (-step);
-  return {start, step, std::max<int64_t>(count, 0)};
-}
-
 void slice(InferenceContext& ctx) {
   const SymShape* in = ctx.input_shape(0);
   DType dtype = ctx.input_dtype(0);
@@ -245,7 +227,7 @@ void slice(InferenceContext& ctx) {
     auto c = d.constant();
     int64_t s = (*starts)[k], e = (*ends)[k];
     if (c) {
-      out[static_cast<size_t>(axis)] = slice_range(*c, s, e, step).count;
+      out[static_cast<size_t>(axis)] = slice_axis(*c, s, e, step).count;
     } else if (step == 1 && s >= 0 && e >= INT32_MAX) {
       out[static_cast<size_t>(axis)] = d - SymDim(s);  // x[s:]
     } else if (step == 1 && s == 0 && e < 0) {
@@ -260,7 +242,7 @@ void slice(InferenceContext& ctx) {
   const auto* vals = ctx.input_values(0);
   if (vals && rank == 1) {
     int64_t step = steps->empty() ? 1 : (*steps)[0];
-    SliceRange r = slice_range(static_cast<int64_t>(vals->size()), (*starts)[0], (*ends)[0], step);
+    SliceAxis r = slice_axis(static_cast<int64_t>(vals->size()), (*starts)[0], (*ends)[0], step);
     std::vector<SymDim> picked;
     for (int64_t i = 0; i < r.count; ++i)
       picked.push_back((*vals)[static_cast<size_t>(r.start + i * r.step)]);

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/slicing.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
@@ -338,12 +339,9 @@ void slice_grad(KernelContext& ctx) {
   std::vector<int64_t> start(xs.size(), 0), step(xs.size(), 1);
   for (size_t k = 0; k < starts.size(); ++k) {
     int64_t a = axes.empty() ? static_cast<int64_t>(k) : axis_of(ctx, axes[k], rank);
-    int64_t dim = xs[static_cast<size_t>(a)];
     int64_t st = steps.empty() ? 1 : steps[k];
-    int64_t s = starts[k];
-    if (s < 0) s += dim;
-    s = st > 0 ? std::clamp<int64_t>(s, 0, dim) : std::clamp<int64_t>(s, 0, dim - 1);
-    start[static_cast<size_t>(a)] = s;
+    start[static_cast<size_t>(a)] =
+        slice_axis(xs[static_cast<size_t>(a)], starts[k], ends[k], st).start;
     step[static_cast<size_t>(a)] = st;
   }
   Tensor& dx = ctx.allocate_output(0, F32, xs);

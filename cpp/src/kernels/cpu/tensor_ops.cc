@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/slicing.h"
 #include "graphtrain/error.h"
 #include "kernels/cpu/common.h"
 
@@ -119,24 +120,6 @@ void transpose(KernelContext& ctx) {
   copy_strided(ctx, x, out_shape, strides, 0, out);
 }
 
-struct SliceAxis {
-  int64_t start, step, count;
-};
-
-SliceAxis clamp_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (start < 0) start += dim;
-  if (end < 0) end += dim;
-  if (step > 0) {
-    start = std::clamp<int64_t>(start, 0, dim);
-    end = std::clamp<int64_t>(end, 0, dim);
-  } else {
-    start = std::clamp<int64_t>(start, 0, dim - 1);
-    end = std::clamp<int64_t>(end, -1, dim - 1);
-  }
-  int64_t count = step > 0 ? (end - start + step - 1) / step : (start - end - step - 1) / (-step);
-  return {start, step, std::max<int64_t>(0, count)};
-}
-
 void slice(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   std::vector<int64_t> starts = int_input(ctx, 1), ends = int_input(ctx, 2);
@@ -152,7 +135,7 @@ void slice(KernelContext& ctx) {
     int64_t step = steps.empty() ? 1 : steps[k];
     if (step == 0) ctx.fail("a slice step is 0");
     ax[static_cast<size_t>(a)] =
-        clamp_slice(x.dim(static_cast<size_t>(a)), starts[k], ends[k], step);
+        slice_axis(x.dim(static_cast<size_t>(a)), starts[k], ends[k], step);
   }
   std::vector<int64_t> in_strides = contiguous_strides(x.shape());
   Shape out_shape;
