@@ -24,20 +24,16 @@ def exported(tmp_path_factory):
     return paths
 
 
-def feeds(name, batch, seq):
-    return {k: v.numpy() for k, v in zip(ge.Model(PATHS[name]).input_names, example_inputs(name, batch, seq, seed=batch))}
-
-
-PATHS: dict[str, str] = {}
+def feeds(path, name, batch, seq):
+    return {k: v.numpy() for k, v in zip(ge.Model(path).input_names, example_inputs(name, batch, seq, seed=batch))}
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_forward_parity_with_onnxruntime(name, exported):
-    PATHS.update(exported)
     sess = ge.Session(exported[name])
     ref_sess = ort.InferenceSession(exported[name], providers=["CPUExecutionProvider"])
     for batch, seq in [(4, 12), (3, 7)]:  # two shapes, one plan: symbolic dims bind per run
-        f = feeds(name, batch, seq)
+        f = feeds(exported[name], name, batch, seq)
         (out,) = sess.run(f)
         (ref,) = ref_sess.run(None, f)
         diff = float(np.max(np.abs(out - ref)))
@@ -80,7 +76,7 @@ def test_written_model_passes_checker_and_runs_in_onnxruntime(name, exported, tm
     out = str(tmp_path / "written.onnx")
     ge.Model(exported[name]).save(out)
     onnx.checker.check_model(onnx.load(out), full_check=True)
-    f = feeds(name, 2, 5)
+    f = feeds(exported[name], name, 2, 5)
     (ref,) = ort.InferenceSession(exported[name], providers=["CPUExecutionProvider"]).run(None, f)
     (again,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, f)
     np.testing.assert_array_equal(again, ref)
@@ -95,7 +91,7 @@ def test_external_data_round_trip(exported, tmp_path):
         big = np.prod(init.dims) * 4 >= 1024
         assert (init.data_location == onnx.TensorProto.EXTERNAL) == big, init.name
     onnx.checker.check_model(out)  # path form: the checker reads external data beside it
-    f = feeds("gpt", 2, 6)
+    f = feeds(exported["gpt"], "gpt", 2, 6)
     (ours,) = ge.Session(out).run(f)
     (ref,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, f)
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)

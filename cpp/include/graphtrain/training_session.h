@@ -14,6 +14,8 @@
 
 namespace graphtrain {
 
+class ThreadPool;
+
 struct OptimizerConfig {
   std::string kind = "adamw";  // "adamw" or "sgd", with PyTorch's update rules
   double lr = 1e-3;
@@ -67,6 +69,7 @@ class TrainingSession {
   std::vector<Tensor> feeds(const std::map<std::string, Tensor>& inputs,
                             const Session& session) const;
   float scalar_loss(const Tensor& t) const;
+  ThreadPool& pool() const;
 
   Graph original_;
   TrainingConfig config_;

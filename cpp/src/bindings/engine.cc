@@ -187,6 +187,16 @@ struct Model {
 struct PySession {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<Session> session;
+
+  SessionOptions options(int num_threads) {
+    SessionOptions o;
+    if (num_threads > 0) {
+      pin_blas_to_one_thread();
+      pool = std::make_unique<ThreadPool>(num_threads);
+      o.pool = pool.get();
+    }
+    return o;
+  }
 };
 
 nb::dict value_types(const Graph& g) {
@@ -226,12 +236,7 @@ void bind_engine(nb::module_& m) {
           "__init__",
           [](PySession* self, const std::string& path, int num_threads) {
             new (self) PySession();
-            SessionOptions options;
-            if (num_threads > 0) {
-              pin_blas_to_one_thread();
-              self->pool = std::make_unique<ThreadPool>(num_threads);
-              options.pool = self->pool.get();
-            }
+            SessionOptions options = self->options(num_threads);
             nb::gil_scoped_release release;
             self->session = std::make_unique<Session>(path, options);
           },
@@ -242,12 +247,7 @@ void bind_engine(nb::module_& m) {
           "__init__",
           [](PySession* self, const Model& model, int num_threads) {
             new (self) PySession();
-            SessionOptions options;
-            if (num_threads > 0) {
-              pin_blas_to_one_thread();
-              self->pool = std::make_unique<ThreadPool>(num_threads);
-              options.pool = self->pool.get();
-            }
+            SessionOptions options = self->options(num_threads);
             Graph copy = clone_graph(model.graph);
             nb::gil_scoped_release release;
             self->session = std::make_unique<Session>(std::move(copy), options);

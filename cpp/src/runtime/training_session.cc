@@ -195,8 +195,7 @@ float TrainingSession::train_step(const std::map<std::string, Tensor>& inputs) {
   size_t k = 0;
   for (size_t i = 0; i < param_names_.size(); ++i) {
     if (grad_names_[i].empty()) continue;
-    add_into(config_.session.pool ? *config_.session.pool : ThreadPool::global(),
-             grads_[param_names_[i]], grads[k++]);
+    add_into(pool(), grads_[param_names_[i]], grads[k++]);
   }
   return loss;
 }
@@ -211,7 +210,7 @@ void TrainingSession::zero_grad() {
 
 void TrainingSession::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
-  ThreadPool& pool = config_.session.pool ? *config_.session.pool : ThreadPool::global();
+  ThreadPool& pool = this->pool();
   ++steps_;
   for (const auto& name : param_names_) {
     Tensor& p = params_[name];
@@ -266,6 +265,10 @@ void TrainingSession::optimizer_step() {
       });
     }
   }
+}
+
+ThreadPool& TrainingSession::pool() const {
+  return config_.session.pool ? *config_.session.pool : ThreadPool::global();
 }
 
 const Tensor& TrainingSession::parameter(const std::string& name) const {
