@@ -10,4 +10,5 @@ NB_MODULE(_C, m) {
   graphtrain::bindings::bind_log(m);
   graphtrain::bindings::bind_engine(m);
   graphtrain::bindings::bind_training(m);
+  graphtrain::bindings::bind_stats(m);
 }
