@@ -223,7 +223,10 @@ def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)
     dims = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())} for t in tensors)
-    with capture_output("graph capture (torch.export)"):
+    from .hooks._subscriber import capture_scope
+
+    # Subscribers' hooks must neither act nor count a step while torch.export traces the module.
+    with capture_output("graph capture (torch.export)"), capture_scope():
         ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False)
     return ep, record
 

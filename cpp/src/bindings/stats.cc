@@ -12,7 +12,7 @@ namespace graphtrain::bindings {
 void bind_stats(nb::module_& m) {
   m.def(
       "tensor_stats",
-      [](nb::handle array, int64_t bucket_size, size_t first_values) {
+      [](nb::handle array, int64_t bucket_size, size_t first_values, const std::string& name) {
         Tensor t = array_to_tensor(array, "tensor_stats");
         TensorStats s;
         {
@@ -34,17 +34,13 @@ void bind_stats(nb::module_& m) {
         d["positive"] = s.positive;
         d["zero"] = s.zero;
         d["first"] = s.first;
+        if (!name.empty()) d["text"] = format_stats(s, name);
         return d;
       },
       nb::arg("tensor"), nb::arg("bucket_size") = int64_t{1} << 29, nb::arg("first_values") = 128,
-      "Statistics of a numpy array or torch tensor in one pass (see graphtrain/statistics.h).");
-  m.def(
-      "format_stats",
-      [](nb::handle array, const std::string& name, int64_t bucket_size) {
-        Tensor t = array_to_tensor(array, "format_stats");
-        return format_stats(compute_stats(t, bucket_size), name);
-      },
-      nb::arg("tensor"), nb::arg("name"), nb::arg("bucket_size") = int64_t{1} << 29);
+      nb::arg("name") = "",
+      "Statistics of a numpy array or torch tensor in one pass (see graphtrain/statistics.h); with "
+      "a name, also their text as written to a dump file (key 'text').");
 }
 
 }  // namespace graphtrain::bindings

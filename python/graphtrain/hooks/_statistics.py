@@ -1,0 +1,132 @@
+"""StatisticsSubscriber: dumps the statistics of every module's outputs (forward) and their
+gradients (backward), step by step, in the layout of ONNX Runtime's statistics tool:
+
+    OUT/[rank_R/]step_N/order.txt                         names in the order they were dumped
+    OUT/[rank_R/]step_N/{Class}_{index}_{k}th_output_forward    one text file per tensor
+    OUT/[rank_R/]step_N/{Class}_{index}_{k}th_output_backward
+    OUT/[rank_R/]step_N/statistics.bin                    the same numbers, full precision
+
+Statistics come from graphtrain's C++ (one pass, pooled across buckets, bounded memory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..log import log_once
+from ._subscriber import RunContext, SubscriberBase
+
+# statistics.bin: records of  name length (uint32), name (utf-8), then the fields below (float64).
+SIDECAR_FIELDS = ("count", "finite", "min", "max", "mean", "std", "nan", "inf", "negative", "positive", "zero")
+_active: list[StatisticsSubscriber] = []
+
+
+def _rank_dir(root: str) -> str:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return os.path.join(root, f"rank_{dist.get_rank()}")
+    return root
+
+
+class StatisticsSubscriber(SubscriberBase):
+    """Dumps module output statistics to `output_dir` for steps in [start_step, end_step).
+
+    An existing output_dir raises unless override_output_dir (which empties it); an unwritable one
+    raises now, not at step 40.
+    """
+
+    def __init__(self, output_dir: str, start_step: int | None = None, end_step: int | None = None,
+                 override_output_dir: bool = False, bucket_size: int = 1 << 29) -> None:
+        super().__init__(start_step, end_step)
+        if bucket_size < 1:
+            raise ValueError(f"bucket_size must be positive, got {bucket_size}")
+        if os.path.exists(output_dir):
+            if not override_output_dir:
+                raise FileExistsError(
+                    f"statistics output folder '{output_dir}' exists; pass override_output_dir=True to replace it")
+            shutil.rmtree(output_dir)
+        try:
+            os.makedirs(output_dir)
+            probe = os.path.join(output_dir, ".write-test")
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.unlink(probe)
+        except OSError as e:
+            raise PermissionError(f"cannot write statistics to '{output_dir}': {e.strerror}") from e
+        self.output_dir = output_dir
+        self.bucket_size = bucket_size
+        self._lock = threading.Lock()
+        _active.append(self)
+
+    def post_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
+                                       tensor: torch.Tensor) -> torch.Tensor:
+        name = f"{type(module).__name__}_{ctx.module_index}_{tensor_index}th_output"
+        self.dump(ctx.step, f"{name}_forward", tensor)
+        if tensor.requires_grad:
+            step = ctx.step  # the backward dump goes with the step whose forward produced it
+            tensor.register_hook(lambda g: self.dump(step, f"{name}_backward", g))
+        return tensor
+
+    def dump(self, step: int, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            log_once("DEVINFO", f"statistics: '{name}' is not a tensor; skipped", key=("stats-skip", name))
+            return
+        data = tensor.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        if not data.is_contiguous():
+            data = data.contiguous()
+        stats = _C.tensor_stats(data, self.bucket_size, 128, name)
+        folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
+        with self._lock:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(stats["text"])
+            with open(os.path.join(folder, "order.txt"), "a") as f:
+                f.write(name + "\n")
+            encoded = name.encode()
+            record = struct.pack("<I", len(encoded)) + encoded + struct.pack(
+                f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS))
+            with open(os.path.join(folder, "statistics.bin"), "ab") as f:
+                f.write(record)
+
+
+def read_sidecar(path: str) -> dict[str, dict[str, float]]:
+    """The records of a statistics.bin file: name -> field -> value."""
+    out: dict[str, dict[str, float]] = {}
+    data = open(path, "rb").read()
+    at, width = 0, 8 * len(SIDECAR_FIELDS)
+    while at < len(data):
+        (n,) = struct.unpack_from("<I", data, at)
+        name = data[at + 4:at + 4 + n].decode()
+        values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at + 4 + n)
+        out[name] = dict(zip(SIDECAR_FIELDS, values))
+        at += 4 + n + width
+    return out
+
+
+def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Dumps an intermediate tensor (and, in backward, its gradient) with the active
+    StatisticsSubscriber, and returns it unchanged."""
+    from ._subscriber import GlobalSubscriberManager, capturing
+
+    if capturing():
+        return tensor
+    if not _active:
+        raise RuntimeError(f"inspect_activation('{name}'): no StatisticsSubscriber is subscribed; subscribe one "
+                           "with GlobalSubscriberManager.subscribe(model, [StatisticsSubscriber(...)]) first")
+    sub = _active[-1]
+    step = GlobalSubscriberManager.step
+    if sub.active(step):
+        sub.dump(step, f"{name}_forward", tensor)
+        if tensor.requires_grad:
+            tensor.register_hook(lambda g: sub.dump(step, f"{name}_backward", g))
+    return tensor
