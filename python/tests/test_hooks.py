@@ -52,7 +52,8 @@ def test_layout_with_a_module_called_twice_and_two_outputs(tmp_path):
     assert "Net_0_0th_output_backward" in order[6:] and "TwoOut_2_1th_output_backward" in order[6:]
     assert (tmp_path / "out" / "step_1" / "order.txt").exists()
     text = (step0 / "TwoOut_2_1th_output_forward").read_text()
-    assert text.startswith("name: TwoOut_2_1th_output_forward\nshape: [3, 4]\ndtype: float32\nelements: 12\n")
+    assert text.startswith("module: split\nname: TwoOut_2_1th_output_forward\nshape: [3, 4]\ndtype: float32\n"
+                           "elements: 12\n")
 
 
 def test_values_match_numpy(tmp_path):

@@ -24,7 +24,8 @@ from .. import _C
 from ..log import log_once
 from ._subscriber import RunContext, SubscriberBase
 
-# statistics.bin: records of  name length (uint32), name (utf-8), then the fields below (float64).
+# statistics.bin: records of  name length (uint32), name (utf-8), module path length (uint32),
+# module path (utf-8), then the fields below (float64).
 SIDECAR_FIELDS = ("count", "finite", "min", "max", "mean", "std", "nan", "inf", "negative", "positive", "zero")
 _active: list[StatisticsSubscriber] = []
 
@@ -69,13 +70,14 @@ class StatisticsSubscriber(SubscriberBase):
     def post_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
                                        tensor: torch.Tensor) -> torch.Tensor:
         name = f"{type(module).__name__}_{ctx.module_index}_{tensor_index}th_output"
-        self.dump(ctx.step, f"{name}_forward", tensor)
+        path = ctx.module_name or type(module).__name__
+        self.dump(ctx.step, f"{name}_forward", tensor, path)
         if tensor.requires_grad:
             step = ctx.step  # the backward dump goes with the step whose forward produced it
-            tensor.register_hook(lambda g: self.dump(step, f"{name}_backward", g))
+            tensor.register_hook(lambda g: self.dump(step, f"{name}_backward", g, path))
         return tensor
 
-    def dump(self, step: int, name: str, tensor: torch.Tensor) -> None:
+    def dump(self, step: int, name: str, tensor: torch.Tensor, module_path: str = "") -> None:
         if not isinstance(tensor, torch.Tensor):
             log_once("DEVINFO", f"statistics: '{name}' is not a tensor; skipped", key=("stats-skip", name))
             return
@@ -89,27 +91,31 @@ class StatisticsSubscriber(SubscriberBase):
         with self._lock:
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, name), "w") as f:
-                f.write(stats["text"])
+                f.write(f"module: {module_path}\n" + stats["text"])
             with open(os.path.join(folder, "order.txt"), "a") as f:
                 f.write(name + "\n")
-            encoded = name.encode()
-            record = struct.pack("<I", len(encoded)) + encoded + struct.pack(
-                f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS))
+            encoded, where = name.encode(), module_path.encode()
+            record = (struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(where)) + where +
+                      struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)))
             with open(os.path.join(folder, "statistics.bin"), "ab") as f:
                 f.write(record)
 
 
-def read_sidecar(path: str) -> dict[str, dict[str, float]]:
-    """The records of a statistics.bin file: name -> field -> value."""
-    out: dict[str, dict[str, float]] = {}
+def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
+    """The records of a statistics.bin file: name -> field -> value (and "module" -> path)."""
+    out: dict[str, dict[str, Any]] = {}
     data = open(path, "rb").read()
     at, width = 0, 8 * len(SIDECAR_FIELDS)
     while at < len(data):
         (n,) = struct.unpack_from("<I", data, at)
         name = data[at + 4:at + 4 + n].decode()
-        values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at + 4 + n)
-        out[name] = dict(zip(SIDECAR_FIELDS, values))
-        at += 4 + n + width
+        at += 4 + n
+        (m,) = struct.unpack_from("<I", data, at)
+        module = data[at + 4:at + 4 + m].decode()
+        at += 4 + m
+        values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at)
+        out[name] = {"module": module, **dict(zip(SIDECAR_FIELDS, values))}
+        at += width
     return out
 
 
@@ -126,7 +132,7 @@ def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
     sub = _active[-1]
     step = GlobalSubscriberManager.step
     if sub.active(step):
-        sub.dump(step, f"{name}_forward", tensor)
+        sub.dump(step, f"{name}_forward", tensor, name)
         if tensor.requires_grad:
-            tensor.register_hook(lambda g: sub.dump(step, f"{name}_backward", g))
+            tensor.register_hook(lambda g: sub.dump(step, f"{name}_backward", g, name))
     return tensor
