@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <regex>
 
 #include "graphtrain/error.h"
 #include "graphtrain/log.h"
@@ -21,25 +20,23 @@ std::mutex g_capture_mutex;
 bool g_capture_active = false;
 
 // Lines that native libraries print during capture and graph building and that never need a
-// user's action. Each entry is an ECMAScript regex matched against the whole line.
-const std::vector<std::regex>& noise_patterns() {
-  static const std::vector<std::regex> patterns = [] {
-    const char* sources[] = {
-        R"(\s*)",                                                  // blank lines
-        R"(.*torch\._dynamo.*\bhit config\.recompile_limit\b.*)",  // dynamo chatter
-        R"(W\d{4} .*torch/_export/.*)",                            // glog-style export notes
-        R"(.*TracerWarning: Converting a tensor to a Python .*)",  // tracer hints
-        R"(.*UserWarning: TypedStorage is deprecated.*)",          // storage deprecation
-        R"(.*Using a non-full backward hook when the forward contains.*)",
-        R"(.*_export/non_strict_utils\.py.*)",
-        R"(\s*warnings\.warn\(.*)",     // the echo of a warn call
-        R"(.*\[graphtrain-noise\].*)",  // tests mark lines this way
-    };
-    std::vector<std::regex> out;
-    for (const char* s : sources)
-      out.emplace_back(s, std::regex::ECMAScript | std::regex::optimize);
-    return out;
-  }();
+// user's action: each is a list of fragments a line must all contain (after an optional prefix).
+struct NoisePattern {
+  const char* prefix;                  // the trimmed line starts with this ("" for any)
+  std::vector<const char*> fragments;  // and contains all of these
+};
+
+const std::vector<NoisePattern>& noise_patterns() {
+  static const std::vector<NoisePattern> patterns = {
+      {"", {"torch._dynamo", "hit config.recompile_limit"}},      // dynamo chatter
+      {"W", {"torch/_export/"}},                                  // glog-style export notes
+      {"", {"TracerWarning: Converting a tensor to a Python "}},  // tracer hints
+      {"", {"UserWarning: TypedStorage is deprecated"}},
+      {"", {"Using a non-full backward hook when the forward contains"}},
+      {"", {"_export/non_strict_utils.py"}},
+      {"warnings.warn(", {}},        // the echo of a warn call
+      {"", {"[graphtrain-noise]"}},  // tests mark lines this way
+  };
   return patterns;
 }
 
@@ -79,8 +76,16 @@ std::string read_all(int fd) {
 }  // namespace
 
 bool is_known_noise(std::string_view line) {
-  for (const auto& re : noise_patterns())
-    if (std::regex_match(line.begin(), line.end(), re)) return true;
+  std::string_view t = line;
+  while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+  if (t.empty()) return true;  // blank lines
+  for (const auto& p : noise_patterns()) {
+    if (t.substr(0, std::char_traits<char>::length(p.prefix)) != p.prefix) continue;
+    bool all = true;
+    for (const char* f : p.fragments) all = all && t.find(f) != std::string_view::npos;
+    if (all) return true;
+  }
   return false;
 }
 

@@ -169,7 +169,10 @@ std::string format_stats(const TensorStats& s, const std::string& name) {
               "\nmean: ", number(s.mean), "\nstd: ", number(s.std), "\nnan: ", s.nan_count,
               "\ninf: ", s.inf_count, "\nnegative: ", s.negative, "\npositive: ", s.positive,
               "\nzero: ", s.zero, "\nfirst ", s.first.size(), " values:");
-  for (size_t i = 0; i < s.first.size(); ++i) out += (i % 8 ? " " : "\n") + number(s.first[i]);
+  for (size_t i = 0; i < s.first.size(); ++i) {
+    out.push_back(i % 8 ? ' ' : '\n');
+    out += number(s.first[i]);
+  }
   out += "\n";
   return out;
 }
