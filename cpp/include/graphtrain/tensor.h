@@ -94,6 +94,8 @@ class Tensor {
   // A view of elements [begin, begin + count) along the flattened tensor, with the given shape.
   Tensor slice_view(int64_t begin_element, Shape shape) const;
   Tensor clone() const;
+  // Element i (of the flattened tensor) of any element type, as a double.
+  double as_double(int64_t i) const;
   // Values as int64 (for shape-like inputs of any integer type); throws for other types.
   std::vector<int64_t> to_int64_vector() const;
 

@@ -120,6 +120,32 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+double Tensor::as_double(int64_t i) const {
+  switch (dtype_) {
+    case DType::kFloat32:
+      return data<float>()[i];
+    case DType::kFloat64:
+      return data<double>()[i];
+    case DType::kFloat16:
+      return half_to_float(data<uint16_t>()[i]);
+    case DType::kBFloat16:
+      return bfloat16_to_float(data<uint16_t>()[i]);
+    case DType::kInt64:
+      return static_cast<double>(data<int64_t>()[i]);
+    case DType::kInt32:
+      return data<int32_t>()[i];
+    case DType::kInt8:
+      return data<int8_t>()[i];
+    case DType::kUInt8:
+      return data<uint8_t>()[i];
+    case DType::kBool:
+      return data<bool>()[i] ? 1.0 : 0.0;
+    case DType::kUndefined:
+      break;
+  }
+  return 0;
+}
+
 std::vector<int64_t> Tensor::to_int64_vector() const {
   std::vector<int64_t> out(static_cast<size_t>(numel()));
   switch (dtype_) {

@@ -65,32 +65,6 @@ struct Moments {
   }
 };
 
-double element(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kFloat32:
-      return t.data<float>()[i];
-    case DType::kFloat64:
-      return t.data<double>()[i];
-    case DType::kFloat16:
-      return half_to_float(t.data<uint16_t>()[i]);
-    case DType::kBFloat16:
-      return bfloat16_to_float(t.data<uint16_t>()[i]);
-    case DType::kInt64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::kInt32:
-      return t.data<int32_t>()[i];
-    case DType::kInt8:
-      return t.data<int8_t>()[i];
-    case DType::kUInt8:
-      return t.data<uint8_t>()[i];
-    case DType::kBool:
-      return t.data<bool>()[i] ? 1.0 : 0.0;
-    case DType::kUndefined:
-      break;
-  }
-  return 0;
-}
-
 template <typename T>
 void scan(const T* p, int64_t lo, int64_t hi, Moments& m) {
   for (int64_t i = lo; i < hi; ++i) m.add(static_cast<double>(p[i]));
@@ -107,7 +81,7 @@ void scan_bucket(const Tensor& t, int64_t lo, int64_t hi, Moments& m) {
     case DType::kInt32:
       return scan(t.data<int32_t>(), lo, hi, m);
     default:
-      for (int64_t i = lo; i < hi; ++i) m.add(element(t, i));  // 16-bit floats widen to double
+      for (int64_t i = lo; i < hi; ++i) m.add(t.as_double(i));  // 16-bit floats widen to double
   }
 }
 
@@ -158,7 +132,7 @@ TensorStats compute_stats(const Tensor& t, int64_t bucket_size, size_t first_val
   s.mean = total.n ? total.mean : nan;
   s.std = total.n > 1 ? std::sqrt(total.m2 / static_cast<double>(total.n - 1)) : nan;
   int64_t k = std::min<int64_t>(s.count, static_cast<int64_t>(first_values));
-  for (int64_t i = 0; i < k; ++i) s.first.push_back(element(t, i));
+  for (int64_t i = 0; i < k; ++i) s.first.push_back(t.as_double(i));
   return s;
 }
 

@@ -221,32 +221,7 @@ void convert(const Tensor& x, Tensor& y, KernelContext& ctx) {
   });
 }
 
-// Reads element i of a tensor of any supported type as double / writes from double.
-double load(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kFloat32:
-      return t.data<float>()[i];
-    case DType::kFloat64:
-      return t.data<double>()[i];
-    case DType::kFloat16:
-      return half_to_float(t.data<uint16_t>()[i]);
-    case DType::kBFloat16:
-      return bfloat16_to_float(t.data<uint16_t>()[i]);
-    case DType::kInt64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::kInt32:
-      return t.data<int32_t>()[i];
-    case DType::kInt8:
-      return t.data<int8_t>()[i];
-    case DType::kUInt8:
-      return t.data<uint8_t>()[i];
-    case DType::kBool:
-      return t.data<bool>()[i] ? 1.0 : 0.0;
-    case DType::kUndefined:
-      break;
-  }
-  return 0;
-}
+// Writes element i of a tensor of any supported type from a double.
 
 void store(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
@@ -299,7 +274,7 @@ void cast_kernel(KernelContext& ctx) {
   if (x.dtype() == I64 && to == I32) return convert<int64_t, int32_t>(x, y, ctx);
   if (x.dtype() == I32 && to == I64) return convert<int32_t, int64_t>(x, y, ctx);
   parallel_for(ctx, x.numel(), 4, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) store(y, i, load(x, i));
+    for (int64_t i = lo; i < hi; ++i) store(y, i, x.as_double(i));
   });
 }
 
