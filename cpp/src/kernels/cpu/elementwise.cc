@@ -1,6 +1,7 @@
 // CPU kernels: unary math, binary arithmetic and comparison with broadcasting, Where, Cast, Not.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/vec_math.h"
@@ -46,27 +47,33 @@ void unary_typed(KernelContext& ctx, F f) {
   });
 }
 
-// Arithmetic: float32, int64, int32 with the same semantics as numpy for the integer types
-// (Div on integers truncates toward zero, as ONNX specifies).
-template <template <typename> class Op>
-void arith(KernelContext& ctx) {
+// A binary op with numpy broadcasting over float32, int64 and int32 (and bool for comparisons).
+// Arithmetic keeps the input type (integer Div truncates toward zero, as ONNX specifies);
+// comparisons (kBoolOut) produce bool.
+template <template <typename> class Op, bool kBoolOut>
+void binary_op(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   if (a.dtype() != b.dtype())
     ctx.fail(str_cat("inputs must have the same element type, got ", to_string(a.dtype()), " and ",
                      to_string(b.dtype())));
   Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
-  Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
+  Tensor& out = ctx.allocate_output(0, kBoolOut ? BOOL : a.dtype(), shape_only.out_shape());
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    using R = std::conditional_t<kBoolOut, bool, T>;
+    binary_broadcast<T, T, R>(ctx, a, b, out, Op<T>{});
+  };
   switch (a.dtype()) {
     case F32:
-      binary_broadcast<float, float, float>(ctx, a, b, out, Op<float>{});
-      break;
+      return run(float{});
     case I64:
-      binary_broadcast<int64_t, int64_t, int64_t>(ctx, a, b, out, Op<int64_t>{});
-      break;
+      return run(int64_t{});
     case I32:
-      binary_broadcast<int32_t, int32_t, int32_t>(ctx, a, b, out, Op<int32_t>{});
-      break;
+      return run(int32_t{});
+    case BOOL:
+      if constexpr (kBoolOut) return run(bool{});
+      [[fallthrough]];
     default:
       ctx.fail("unsupported element type");
   }
@@ -96,33 +103,6 @@ template <>
 struct DivOp<int32_t> {
   int32_t operator()(int32_t x, int32_t y) const { return y == 0 ? 0 : x / y; }
 };
-
-template <template <typename> class Cmp>
-void compare(KernelContext& ctx) {
-  const Tensor& a = ctx.input(0);
-  const Tensor& b = ctx.input(1);
-  if (a.dtype() != b.dtype())
-    ctx.fail(str_cat("inputs must have the same element type, got ", to_string(a.dtype()), " and ",
-                     to_string(b.dtype())));
-  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
-  Tensor& out = ctx.allocate_output(0, BOOL, shape_only.out_shape());
-  switch (a.dtype()) {
-    case F32:
-      binary_broadcast<float, float, bool>(ctx, a, b, out, Cmp<float>{});
-      break;
-    case I64:
-      binary_broadcast<int64_t, int64_t, bool>(ctx, a, b, out, Cmp<int64_t>{});
-      break;
-    case I32:
-      binary_broadcast<int32_t, int32_t, bool>(ctx, a, b, out, Cmp<int32_t>{});
-      break;
-    case BOOL:
-      binary_broadcast<bool, bool, bool>(ctx, a, b, out, Cmp<bool>{});
-      break;
-    default:
-      ctx.fail("unsupported element type");
-  }
-}
 
 template <typename T>
 struct EqOp {
@@ -285,16 +265,16 @@ const auto gelu_tanh = [](auto x) {
 };
 
 const bool registered = [] {
-  register_kernel("", "Add", {F32, I64, I32}, arith<AddOp>);
-  register_kernel("", "Sub", {F32, I64, I32}, arith<SubOp>);
-  register_kernel("", "Mul", {F32, I64, I32}, arith<MulOp>);
-  register_kernel("", "Div", {F32, I64, I32}, arith<DivOp>);
+  register_kernel("", "Add", {F32, I64, I32}, binary_op<AddOp, false>);
+  register_kernel("", "Sub", {F32, I64, I32}, binary_op<SubOp, false>);
+  register_kernel("", "Mul", {F32, I64, I32}, binary_op<MulOp, false>);
+  register_kernel("", "Div", {F32, I64, I32}, binary_op<DivOp, false>);
   register_kernel("", "Pow", {F32}, pow_kernel);
-  register_kernel("", "Equal", {F32, I64, I32, BOOL}, compare<EqOp>);
-  register_kernel("", "Less", {F32, I64, I32}, compare<LtOp>);
-  register_kernel("", "Greater", {F32, I64, I32}, compare<GtOp>);
-  register_kernel("", "LessOrEqual", {F32, I64, I32}, compare<LeOp>);
-  register_kernel("", "GreaterOrEqual", {F32, I64, I32}, compare<GeOp>);
+  register_kernel("", "Equal", {F32, I64, I32, BOOL}, binary_op<EqOp, true>);
+  register_kernel("", "Less", {F32, I64, I32}, binary_op<LtOp, true>);
+  register_kernel("", "Greater", {F32, I64, I32}, binary_op<GtOp, true>);
+  register_kernel("", "LessOrEqual", {F32, I64, I32}, binary_op<LeOp, true>);
+  register_kernel("", "GreaterOrEqual", {F32, I64, I32}, binary_op<GeOp, true>);
   register_kernel("", "Where", {}, where_kernel, 1);
   register_kernel("", "Cast", {}, cast_kernel);
   register_kernel("", "Not", {BOOL},
