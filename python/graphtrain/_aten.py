@@ -133,6 +133,12 @@ def _pow(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Pow", [t.value(n.args[0]), t.operand(n.args[1], n.args[0])])
 
 
+@op(aten.square.default)
+def _square(n: torch.fx.Node, t: Translator) -> str:
+    x = t.value(n.args[0])
+    return t.emit("Mul", [x, x])
+
+
 def _compare(onnx_op: str, negate: bool = False) -> Callable:
     def translate(n: torch.fx.Node, t: Translator) -> str:
         a, b = n.args

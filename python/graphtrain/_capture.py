@@ -15,7 +15,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch.utils import _pytree as pytree
 
-from . import _aten
+from . import _aten, _callbacks  # noqa: F401 - _callbacks registers the Hook translator
 from .errors import UnsupportedModelError
 from .log import capture_output
 
@@ -226,7 +226,7 @@ def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[
     from .hooks._subscriber import capture_scope
 
     # Subscribers' hooks must neither act nor count a step while torch.export traces the module.
-    with capture_output("graph capture (torch.export)"), capture_scope():
+    with capture_output("graph capture (torch.export)"), capture_scope(module):
         ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False)
     return ep, record
 

@@ -10,10 +10,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _C, _cache
+from ._callbacks import CallbackRun, recording
 from ._capture import TENSOR, Captured, capture
 from ._options import options
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
+from .hooks._subscriber import hook_signature
 from .log import log, log_once, refresh_rank
 
 Model = _C.Model
@@ -79,8 +81,10 @@ class _EngineFunction(torch.autograd.Function):
     """Connects the engine's forward and backward graphs to torch autograd."""
 
     @staticmethod
-    def forward(ctx: Any, runner: _Runner, *tensors: torch.Tensor) -> Any:
-        outs = runner.forward.run([t.detach() for t in tensors])
+    def forward(ctx: Any, runner: _Runner, module: torch.nn.Module, *tensors: torch.Tensor) -> Any:
+        ctx.run = CallbackRun(module, training=True)  # what hooks and PythonOps keep for backward
+        with recording(ctx.run):
+            outs = runner.forward.run([t.detach() for t in tensors])
         n, nb = runner.n_out, len(runner.captured.buffer_updates)
         runner.write_buffers(outs[n:n + nb])
         ctx.runner = runner
@@ -93,13 +97,14 @@ class _EngineFunction(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         runner: _Runner = ctx.runner
         feeds = [grads[k].contiguous() for k in runner.float_outputs] + list(ctx.stash)
-        results = iter(runner.backward.run(feeds))
-        ctx.stash = None  # the stashed values are no longer needed
+        with recording(ctx.run):
+            results = iter(runner.backward.run(feeds))
+        ctx.stash = ctx.run = None  # the stashed values are no longer needed
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):
             if name:
                 out[index] = next(results)
-        return (None, *out)
+        return (None, None, *out)
 
 
 def _describe(leaf: Any) -> Any:
@@ -137,11 +142,12 @@ class GraphModule(torch.nn.Module):
             return self.module(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         schema = (spec, tuple(_describe(x) for x in flat))
-        key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()))
+        hooks = hook_signature(self.module)
+        key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()), hooks)
         runner = self._runners.get(key)
         if runner is None:
             try:
-                runner = self._capture(flat, spec, schema)
+                runner = self._capture(flat, spec, (schema, hooks) if hooks else schema)
             except UnsupportedModelError as e:
                 if options()["fallback_policy"].value == "EAGER":
                     log_once("WARNING", f"{e} Running {type(self.module).__name__} in plain PyTorch "
@@ -155,9 +161,10 @@ class GraphModule(torch.nn.Module):
         needs_grad = torch.is_grad_enabled() and runner.forward is not None and any(
             all_inputs[k].requires_grad for k in runner.wrt_index)
         if needs_grad:
-            outs = list(_EngineFunction.apply(runner, *all_inputs))
+            outs = list(_EngineFunction.apply(runner, self.module, *all_inputs))
         else:
-            res = runner.infer.run([t.detach() for t in all_inputs])
+            with recording(CallbackRun(self.module, training=False)):
+                res = runner.infer.run([t.detach() for t in all_inputs])
             runner.write_buffers(res[runner.n_out:])
             outs = res[:runner.n_out]
         it = iter(outs)

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "graphtrain/autodiff.h"
+#include "graphtrain/callback.h"
 #include "graphtrain/error.h"
 #include "graphtrain/log.h"
 #include "graphtrain/ops.h"
@@ -115,7 +116,7 @@ size_t eliminate_dead_nodes(Graph& graph) {
   auto order = graph.topological_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
-    bool used = false;
+    bool used = is_callback_op(*n);  // effects outside the graph
     for (Value* out : n->outputs())
       if (out && (!out->uses().empty() || outputs.count(out))) used = true;
     if (!used) {

@@ -15,9 +15,12 @@ void bind_log(nanobind::module_& m);
 void bind_engine(nanobind::module_& m);
 void bind_training(nanobind::module_& m);
 void bind_stats(nanobind::module_& m);
+void bind_callbacks(nanobind::module_& m);
 
 // Arrays crossing into the engine (zero copy when contiguous) and back out.
 Tensor array_to_tensor(nanobind::handle obj, const std::string& what);
 nanobind::object tensor_to_numpy_copy(const Tensor& t);
+// A torch tensor sharing the engine tensor's memory (DLPack, zero copy).
+nanobind::object tensor_to_torch(const Tensor& t);
 
 }  // namespace graphtrain::bindings

@@ -230,6 +230,10 @@ nb::object tensor_to_numpy_copy(const Tensor& t) {
   return to_python(t.clone(), false);
 }
 
+nb::object tensor_to_torch(const Tensor& t) {
+  return to_python(t, true);
+}
+
 void bind_engine(nb::module_& m) {
   nb::class_<PySession>(m, "Session")
       .def(

@@ -11,4 +11,5 @@ NB_MODULE(_C, m) {
   graphtrain::bindings::bind_engine(m);
   graphtrain::bindings::bind_training(m);
   graphtrain::bindings::bind_stats(m);
+  graphtrain::bindings::bind_callbacks(m);
 }

@@ -19,8 +19,9 @@ import threading
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
-from .. import _C
+from .. import _C, _callbacks
 from ..log import log_once
 from ._subscriber import RunContext, SubscriberBase
 
@@ -77,6 +78,15 @@ class StatisticsSubscriber(SubscriberBase):
             tensor.register_hook(lambda g: self.dump(step, f"{name}_backward", g, path))
         return tensor
 
+    def post_forward_module_apply_impl(self, ctx: RunContext, module: torch.nn.Module, args: Any,
+                                       outputs: Any) -> tuple[Any, Any]:
+        for k, leaf in enumerate(pytree.tree_leaves(outputs)):
+            if leaf is not None and not isinstance(leaf, torch.Tensor):
+                log_once("DEVINFO", f"statistics: output {k} of module '{ctx.module_name or type(module).__name__}' "
+                                    f"is a {type(leaf).__name__}, not a tensor; skipped",
+                         key=("stats-non-tensor", id(self), ctx.module_name, k))
+        return args, outputs
+
     def dump(self, step: int, name: str, tensor: torch.Tensor, module_path: str = "") -> None:
         if not isinstance(tensor, torch.Tensor):
             log_once("DEVINFO", f"statistics: '{name}' is not a tensor; skipped", key=("stats-skip", name))
@@ -119,16 +129,16 @@ def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Dumps an intermediate tensor (and, in backward, its gradient) with the active
-    StatisticsSubscriber, and returns it unchanged."""
-    from ._subscriber import GlobalSubscriberManager, capturing
+def _no_subscriber(name: str) -> RuntimeError:
+    return RuntimeError(f"inspect_activation('{name}'): no StatisticsSubscriber is subscribed; subscribe one "
+                        "with GlobalSubscriberManager.subscribe(model, [StatisticsSubscriber(...)]) first")
 
-    if capturing():
-        return tensor
+
+def _inspect(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    from ._subscriber import GlobalSubscriberManager
+
     if not _active:
-        raise RuntimeError(f"inspect_activation('{name}'): no StatisticsSubscriber is subscribed; subscribe one "
-                           "with GlobalSubscriberManager.subscribe(model, [StatisticsSubscriber(...)]) first")
+        raise _no_subscriber(name)
     sub = _active[-1]
     step = GlobalSubscriberManager.step
     if sub.active(step):
@@ -136,3 +146,21 @@ def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.requires_grad:
             tensor.register_hook(lambda g: sub.dump(step, f"{name}_backward", g, name))
     return tensor
+
+
+def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Dumps an intermediate tensor (and, in backward, its gradient) with the active
+    StatisticsSubscriber, and returns it unchanged. Inside a GraphModule it becomes a Hook node
+    of the graph that does the same at run time."""
+    from ._subscriber import capturing
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"inspect_activation('{name}') needs a tensor, got {type(tensor).__name__}")
+    if capturing():
+        if not _active:
+            raise _no_subscriber(name)
+        return _callbacks.mark("inspect", name, tensor)
+    return _inspect(name, tensor)
+
+
+_callbacks.HOOK_KINDS["inspect"] = lambda kind, name, run, value, passive: _inspect(name, value)

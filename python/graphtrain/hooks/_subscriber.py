@@ -4,6 +4,7 @@ its backward), for debugging convergence."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,20 +12,33 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .. import _callbacks
+
 _state = threading.local()
 
 
 def capturing() -> bool:
-    """True while GraphModule traces the model: hooks must not act, the step must not advance."""
-    return getattr(_state, "capturing", False)
+    """True while GraphModule traces a model: hooks neither act nor count a step; subscribed
+    module boundaries become Hook nodes of the graph instead."""
+    return getattr(_state, "paths", None) is not None
 
 
 class capture_scope:
+    """The block in which GraphModule traces `root` (paths of its modules name the Hook nodes)."""
+
+    def __init__(self, root: torch.nn.Module | None = None) -> None:
+        self.paths = {id(m): name for name, m in root.named_modules()} if root is not None else {}
+
     def __enter__(self) -> None:
-        _state.capturing = True
+        self._previous = getattr(_state, "paths", None)
+        _state.paths = self.paths
 
     def __exit__(self, *exc: object) -> None:
-        _state.capturing = False
+        _state.paths = self._previous
+
+
+def _capture_path(module: torch.nn.Module) -> str | None:
+    return getattr(_state, "paths", {}).get(id(module))
 
 
 @dataclass
@@ -87,15 +101,71 @@ def _map_tensors(value: Any, fn: Any) -> Any:
     return pytree.tree_unflatten(out, spec)
 
 
+@dataclass
+class _Subscription:
+    manager: SubscriberManager
+    info: tuple[int, int, str]  # pre-order index, depth, path from the subscribed module
+    outermost: bool
+
+
+# module -> its subscriptions, in registration order (one pair of torch hooks per module).
+_subscriptions: weakref.WeakKeyDictionary[torch.nn.Module, list[_Subscription]] = weakref.WeakKeyDictionary()
+
+
+def hook_signature(root: torch.nn.Module) -> tuple[str, ...]:
+    """The subscribed modules under `root`: a graph captured with hooks is valid for these only."""
+    return tuple(name for name, m in root.named_modules() if _subscriptions.get(m))
+
+
+def run_pre(module: torch.nn.Module, args: Any, kwargs: dict) -> tuple[Any, dict]:
+    for sub in _subscriptions.get(module, ()):
+        args, kwargs = sub.manager._pre(sub, module, args, kwargs)
+    return args, kwargs
+
+
+def run_post(module: torch.nn.Module, args: Any, outputs: Any) -> Any:
+    for sub in _subscriptions.get(module, ()):
+        outputs = sub.manager._post(sub, module, args, outputs)
+    return outputs
+
+
+def _pre_hook(module: torch.nn.Module, args: Any, kwargs: dict) -> Any:
+    if not _subscriptions.get(module):
+        return None
+    if capturing():
+        path = _capture_path(module)
+        return None if path is None else _callbacks.mark("pre", path, (args, kwargs))
+    return run_pre(module, args, kwargs)
+
+
+def _post_hook(module: torch.nn.Module, args: Any, kwargs: dict, outputs: Any) -> Any:
+    if not _subscriptions.get(module):
+        return None
+    if capturing():
+        path = _capture_path(module)
+        return None if path is None else _callbacks.mark("post", path, outputs, passive=args)
+    return run_post(module, args, outputs)
+
+
+def _graph_hook(kind: str, path: str, run: _callbacks.CallbackRun, value: Any, passive: Any) -> Any:
+    module = run.module_at(path)
+    if kind == "pre":
+        return run_pre(module, *value)
+    return run_post(module, passive, value)
+
+
+_callbacks.HOOK_KINDS["pre"] = _callbacks.HOOK_KINDS["post"] = _graph_hook
+
+
 class SubscriberManager:
-    """Attaches subscribers to a model (a plain nn.Module, or a GraphModule's wrapped model).
-    Modules are indexed in pre-order with their depth; subscribers run in registration order; the
-    step counts forwards of the outermost module."""
+    """Attaches subscribers to a model (a plain nn.Module, or a GraphModule's wrapped model, before
+    or after wrapping). Modules are indexed in pre-order with their depth; subscribers run in
+    registration order; the step counts forwards of the outermost module. Inside a GraphModule the
+    same actions run at the same module boundaries, from Hook nodes of the graph."""
 
     def __init__(self) -> None:
         self.step = 0
         self._subscribers: list[SubscriberBase] = []
-        self._handles: list[Any] = []
 
     def subscribe(self, module: torch.nn.Module, subscribers: Sequence[SubscriberBase]) -> None:
         from ..graph_module import GraphModule
@@ -110,49 +180,37 @@ class SubscriberManager:
             if not isinstance(s, SubscriberBase):
                 raise TypeError(f"{type(s).__name__} is not a SubscriberBase")
         self._subscribers.extend(subscribers)
-        depths: dict[str, int] = {}
         for index, (name, sub) in enumerate(module.named_modules()):
             depth = 0 if name == "" else name.count(".") + 1
-            depths[name] = depth
-            outermost = name == ""
-            ctx_args = (index, depth, name)
-            self._handles.append(sub.register_forward_pre_hook(self._pre_hook(ctx_args), with_kwargs=True))
-            self._handles.append(sub.register_forward_hook(self._post_hook(ctx_args, outermost), with_kwargs=True))
+            entries = _subscriptions.get(sub)
+            if entries is None:
+                entries = _subscriptions[sub] = []
+                sub.register_forward_pre_hook(_pre_hook, with_kwargs=True)
+                sub.register_forward_hook(_post_hook, with_kwargs=True)
+            if not any(e.manager is self for e in entries):
+                entries.append(_Subscription(self, (index, depth, name), name == ""))
 
-    def _context(self, info: tuple[int, int, str]) -> RunContext:
-        return RunContext(self.step, *info)
+    def _pre(self, sub: _Subscription, module: torch.nn.Module, args: Any, kwargs: dict) -> tuple[Any, dict]:
+        ctx = RunContext(self.step, *sub.info)
+        for s in self._subscribers:
+            if not s.active(ctx.step):
+                continue
+            args, kwargs = s.pre_forward_module_apply_impl(ctx, module, args, kwargs)
+            args = _map_tensors(args, lambda i, t, s=s: s.pre_forward_tensor_apply_impl(ctx, module, i, t))
+        return args, kwargs
 
-    def _pre_hook(self, info: tuple[int, int, str]) -> Any:
-        def hook(module: torch.nn.Module, args: Any, kwargs: dict) -> Any:
-            if capturing():
-                return None
-            ctx = self._context(info)
-            for s in self._subscribers:
-                if not s.active(ctx.step):
-                    continue
-                args, kwargs = s.pre_forward_module_apply_impl(ctx, module, args, kwargs)
-                args = _map_tensors(args, lambda i, t, s=s: s.pre_forward_tensor_apply_impl(ctx, module, i, t))
-            return args, kwargs
-
-        return hook
-
-    def _post_hook(self, info: tuple[int, int, str], outermost: bool) -> Any:
-        def hook(module: torch.nn.Module, args: Any, kwargs: dict, outputs: Any) -> Any:
-            if capturing():
-                return None
-            ctx = self._context(info)
-            for s in self._subscribers:
-                if not s.active(ctx.step):
-                    continue
-                args, outputs = s.post_forward_module_apply_impl(ctx, module, args, outputs)
-                outputs = _map_tensors(outputs, lambda i, t, s=s: s.post_forward_tensor_apply_impl(ctx, module, i, t))
-                if outermost:
-                    args, outputs = s.post_forward_outmost_module_apply_impl(ctx, module, args, outputs)
-            if outermost:
-                self.step += 1
-            return outputs
-
-        return hook
+    def _post(self, sub: _Subscription, module: torch.nn.Module, args: Any, outputs: Any) -> Any:
+        ctx = RunContext(self.step, *sub.info)
+        for s in self._subscribers:
+            if not s.active(ctx.step):
+                continue
+            args, outputs = s.post_forward_module_apply_impl(ctx, module, args, outputs)
+            outputs = _map_tensors(outputs, lambda i, t, s=s: s.post_forward_tensor_apply_impl(ctx, module, i, t))
+            if sub.outermost:
+                args, outputs = s.post_forward_outmost_module_apply_impl(ctx, module, args, outputs)
+        if sub.outermost:
+            self.step += 1
+        return outputs
 
 
 GlobalSubscriberManager = SubscriberManager()

@@ -1,0 +1,123 @@
+// Shape inference of the callback ops (graphtrain/callback.h): Hook passes its tensors through;
+// PythonOp asks the inferer registered for its function, else gives fresh dims of the declared
+// rank.
+#include <exception>
+#include <mutex>
+#include <set>
+
+#include "graphtrain/callback.h"
+#include "graphtrain/error.h"
+#include "graphtrain/log.h"
+#include "graphtrain/ops.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+namespace {
+
+constexpr const char* GT = kGraphtrainDomain;
+
+void copy_input_type(InferenceContext& ctx, size_t out, size_t in) {
+  if (!ctx.has_input(in)) return;
+  const SymShape* s = ctx.input_shape(in);
+  ctx.set_output(out, ctx.input_dtype(in), s ? std::optional<SymShape>(*s) : std::nullopt);
+}
+
+void set_ctx_output(InferenceContext& ctx) {
+  ctx.set_output(ctx.num_outputs() - 1, DType::kInt64, SymShape{});
+}
+
+void hook(InferenceContext& ctx) {
+  int64_t passive = ctx.node().attr_int("num_passive", 0);
+  if (passive < 0 || static_cast<size_t>(passive) > ctx.num_inputs() ||
+      ctx.num_outputs() != ctx.num_inputs() - static_cast<size_t>(passive) + 1)
+    ctx.fail(str_cat("a Hook with ", ctx.num_inputs(), " inputs and num_passive=", passive,
+                     " must have ", ctx.num_inputs() - static_cast<size_t>(passive) + 1,
+                     " outputs, has ", ctx.num_outputs()));
+  for (size_t i = 0; i + 1 < ctx.num_outputs(); ++i)
+    copy_input_type(ctx, i, i + static_cast<size_t>(passive));
+  set_ctx_output(ctx);
+}
+
+// Once per function name, the hint that an inferer would keep the symbolic dims.
+void report_fresh_dims(const std::string& func_name) {
+  static std::mutex mutex;
+  static std::set<std::string> reported;
+  {
+    std::lock_guard lock(mutex);
+    if (!reported.insert(func_name).second) return;
+  }
+  GT_DEVINFO("shape inference: PythonOp '", func_name,
+             "' has no shape inferer; its outputs get fresh symbolic dims. Register one with "
+             "graphtrain.custom_function.register_shape_inferer('",
+             func_name, "', fn) or give the Function a static infer_shape(node, input_shapes, ",
+             "input_dtypes) so symbolic dims flow through it");
+}
+
+void python_op(InferenceContext& ctx) {
+  const Node& node = ctx.node();
+  std::string name = node.attr_string("func_name", "");
+  std::vector<int64_t> ranks = node.attr_ints("output_ranks");
+  std::vector<int64_t> dtypes = node.attr_ints("output_dtypes");
+  if (ranks.size() != dtypes.size() || ctx.num_outputs() != ranks.size() + 1)
+    ctx.fail(str_cat("PythonOp '", name, "' declares ", ranks.size(), " output ranks and ",
+                     dtypes.size(), " output dtypes for ", ctx.num_outputs() - 1,
+                     " outputs (plus its context)"));
+  PythonOpInferer inferer = find_python_op_inferer(name);
+  PythonOpShapes in;
+  bool shapes_known = true;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const SymShape* s = ctx.has_input(i) ? ctx.input_shape(i) : nullptr;
+    if (!s) shapes_known = false;
+    in.shapes.push_back(s ? *s : SymShape{});
+    in.dtypes.push_back(ctx.has_input(i) ? ctx.input_dtype(i) : DType::kUndefined);
+  }
+  if (inferer && shapes_known) {
+    PythonOpShapes out;
+    try {
+      out = inferer(node, in);
+    } catch (const std::exception& e) {
+      ctx.fail(str_cat("the shape inferer of PythonOp '", name, "' raised: ", e.what()));
+    }
+    if (out.shapes.size() != ranks.size() || out.dtypes.size() != ranks.size())
+      ctx.fail(str_cat("the shape inferer of PythonOp '", name, "' returned ", out.shapes.size(),
+                       " shapes and ", out.dtypes.size(), " dtypes; the function has ",
+                       ranks.size(), " tensor outputs"));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (static_cast<int64_t>(out.shapes[i].size()) != ranks[i])
+        ctx.fail(str_cat("the shape inferer of PythonOp '", name, "' gave output ", i, " rank ",
+                         out.shapes[i].size(), "; the function returned rank ", ranks[i]));
+      ctx.set_output(i, out.dtypes[i], out.shapes[i]);
+    }
+  } else {
+    if (!inferer) report_fresh_dims(name);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      SymShape shape;
+      for (int64_t d = 0; d < ranks[i]; ++d) shape.push_back(SymDim::fresh("pyop"));
+      ctx.set_output(i, from_onnx(static_cast<int>(dtypes[i])), shape);
+    }
+  }
+  set_ctx_output(ctx);
+}
+
+const bool registered = [] {
+  register_shape_inferer(GT, "Hook", hook);
+  // HookGrad(ctx, dy...) -> dx...: each gradient has its forward tensor's type.
+  register_shape_inferer(GT, "HookGrad", [](InferenceContext& ctx) {
+    for (size_t i = 0; i < ctx.num_outputs(); ++i) copy_input_type(ctx, i, i + 1);
+  });
+  register_shape_inferer(GT, "PythonOp", python_op);
+  // PythonOpGrad(ctx, dy...) -> dx...: the gradient builder gives each output its forward
+  // input's type; a graph read back from a file knows the dtypes.
+  register_shape_inferer(GT, "PythonOpGrad", [](InferenceContext& ctx) {
+    std::vector<int64_t> dtypes = ctx.node().attr_ints("input_dtypes");
+    for (size_t i = 0; i < ctx.num_outputs() && i < dtypes.size(); ++i) {
+      const Value* v = ctx.node().output(i);
+      if (v && v->type.dtype == DType::kUndefined)
+        ctx.set_output(i, from_onnx(static_cast<int>(dtypes[i])), std::nullopt);
+    }
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain
