@@ -3,6 +3,8 @@ Hook nodes placed at capture; and the eager-vs-GraphModule convergence check end
 
 import copy
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -185,3 +187,58 @@ def test_gpt_eager_and_graphmodule_dumps_agree_and_a_perturbation_is_found(tmp_p
     out = capsys.readouterr().out
     assert code == 1
     assert "first divergence: step 3, module 'blocks.1.attn.proj'" in out and ", forward, " in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_each_rank_writes_its_own_folder_and_compare_pairs_them(tmp_path):
+    """Two real gloo ranks on loopback, gradients averaged with all_reduce; eager and GraphModule
+    runs dump under rank_0/ and rank_1/, and compare pairs the ranks."""
+    from conftest import run_python
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import graphtrain
+from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
+from test_hooks import Net
+
+def work(rank):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{_free_port()}", rank=rank, world_size=2)
+    for name, wrap in (("pt", False), ("gt", True)):
+        torch.manual_seed(0)
+        model = Net()
+        SubscriberManager().subscribe(model, [StatisticsSubscriber({str(tmp_path)!r} + "/" + name)])
+        run = graphtrain.GraphModule(model) if wrap else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * rank + step))
+            opt.zero_grad()
+            run(x).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= 2
+            opt.step()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.start_processes(work, nprocs=2, start_method="fork")
+"""
+    r = run_python(code, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for name in ("pt", "gt"):
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["rank_0", "rank_1"]
+        assert (tmp_path / name / "rank_1" / "step_1" / "statistics.bin").exists()
+    a = read_sidecar(str(tmp_path / "pt" / "rank_0" / "step_0" / "statistics.bin"))
+    b = read_sidecar(str(tmp_path / "pt" / "rank_1" / "step_0" / "statistics.bin"))
+    assert a["Linear_1_0th_output_forward"]["mean"] != b["Linear_1_0th_output_forward"]["mean"]  # rank data
+    out = subprocess.run([sys.executable, "-m", "graphtrain.stats", "compare", "--baseline", str(tmp_path / "pt"),
+                          "--candidate", str(tmp_path / "gt")], capture_output=True, text=True)
+    assert out.returncode == 0 and "rank_1/step 1: 0 of 10" in out.stdout and "no divergence" in out.stdout, out.stdout

@@ -42,7 +42,8 @@ class StatisticsSubscriber(SubscriberBase):
     """Dumps module output statistics to `output_dir` for steps in [start_step, end_step).
 
     An existing output_dir raises unless override_output_dir (which empties it); an unwritable one
-    raises now, not at step 40.
+    raises now, not at step 40. With torch.distributed initialized, each rank owns (checks,
+    replaces, writes) only its own `output_dir/rank_R`.
     """
 
     def __init__(self, output_dir: str, start_step: int | None = None, end_step: int | None = None,
@@ -50,14 +51,15 @@ class StatisticsSubscriber(SubscriberBase):
         super().__init__(start_step, end_step)
         if bucket_size < 1:
             raise ValueError(f"bucket_size must be positive, got {bucket_size}")
-        if os.path.exists(output_dir):
+        mine = _rank_dir(output_dir)
+        if os.path.exists(mine):
             if not override_output_dir:
                 raise FileExistsError(
-                    f"statistics output folder '{output_dir}' exists; pass override_output_dir=True to replace it")
-            shutil.rmtree(output_dir)
+                    f"statistics output folder '{mine}' exists; pass override_output_dir=True to replace it")
+            shutil.rmtree(mine)
         try:
-            os.makedirs(output_dir)
-            probe = os.path.join(output_dir, ".write-test")
+            os.makedirs(mine)
+            probe = os.path.join(mine, ".write-test")
             with open(probe, "w") as f:
                 f.write("ok")
             os.unlink(probe)

@@ -1,0 +1,139 @@
+"""What StatisticsSubscriber costs: training step time with and without it, in PyTorch eager and
+in graphtrain.GraphModule (whose graph then runs the subscribers from Hook nodes), torch.compile
+without it as the reference competitor. Every step is dumped (forward outputs and gradients of
+every module, text files and the binary sidecar).
+
+    .venv/bin/python bench/bench_statistics.py [--quick] [--no-compile]
+
+Prints ratios and writes bench/results/statistics_overhead.md. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from configs import CONFIGS, example_kwargs  # noqa: E402
+
+RUNNERS = ["eager", "eager + stats", "GraphModule", "GraphModule + stats", "torch.compile"]
+MODELS = ["mlp", "gpt"]
+
+
+def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
+    import torch
+
+    from models import training_inputs, training_model
+
+    torch.set_num_threads(1)
+    kw = example_kwargs(model)
+    batches = [training_inputs(model, seed=s, **kw) for s in range(4)]
+    net = training_model(model, **CONFIGS[model]["sizes"])
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+    modules = sum(1 for _ in net.modules())
+    if runner.endswith("+ stats"):
+        from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
+
+        SubscriberManager().subscribe(net, [StatisticsSubscriber(out_dir, override_output_dir=True)])
+    if runner.startswith("GraphModule"):
+        import graphtrain
+
+        fn = graphtrain.GraphModule(net)
+    elif runner == "torch.compile":
+        fn = torch.compile(net)
+    else:
+        fn = net
+
+    def step(i: int) -> None:
+        opt.zero_grad()
+        fn(*batches[i % len(batches)]).backward()
+        opt.step()
+
+    for i in range(3):
+        step(i)
+    times = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"median_ms": 1e3 * times[len(times) // 2], "modules": modules}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        runner, model, out_dir, iters = args.worker
+        print(json.dumps(worker(runner, model, out_dir, int(iters))))
+        return 0
+
+    from machine import describe
+
+    iters = 8 if args.quick else 20
+    runners = [r for r in RUNNERS if not (args.no_compile and r == "torch.compile")]
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for model in MODELS:
+            result = {}
+            for runner in runners:
+                env = dict(os.environ, GRAPHTRAIN_NUM_THREADS="1", OMP_NUM_THREADS="1")
+                out = subprocess.run([sys.executable, __file__, "--worker", runner, model, os.path.join(d, "dump"),
+                                      str(iters)], capture_output=True, text=True, env=env)
+                if out.returncode != 0:
+                    print(f"{model} {runner} failed: {out.stderr.strip().splitlines()[-1:]}")
+                    result[runner] = None
+                    continue
+                result[runner] = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((model, result))
+            line = f"{model:5s}"
+            for r in runners:
+                if result.get(r):
+                    line += f" | {r} {result[r]['median_ms']:.1f} ms"
+            print(line, flush=True)
+
+    def ratio(result: dict, a: str, b: str) -> str:
+        return f"{result[a]['median_ms'] / result[b]['median_ms']:.2f}" if result.get(a) and result.get(b) else "-"
+
+    lines = [
+        "# StatisticsSubscriber overhead: step time with and without it, eager and GraphModule",
+        "",
+        f"Machine: {describe()}",
+        "",
+        f"One step = forward, backward and AdamW; median of {iters} steps after 3 warm-up steps, one thread, "
+        "each runner in its own process. '+ stats': a StatisticsSubscriber on every module dumps every step "
+        "(statistics of each module's outputs in forward and of their gradients in backward: text files and "
+        "the binary sidecar). torch.compile runs without subscribers, as the reference.",
+        "",
+        "| model | modules | " + " | ".join(f"{r} ms" for r in runners) +
+        " | eager stats / eager | GraphModule stats / GraphModule |",
+        "|---|---|" + "---|" * len(runners) + "---|---|",
+    ]
+    for model, result in rows:
+        cells = [f"{result[r]['median_ms']:.1f}" if result.get(r) else "failed" for r in runners]
+        modules = next((v["modules"] for v in result.values() if v), "-")
+        lines.append(f"| {model} | {modules} | " + " | ".join(cells) + f" | {ratio(result, 'eager + stats', 'eager')} | "
+                     f"{ratio(result, 'GraphModule + stats', 'GraphModule')} |")
+    sizes = ", ".join(f"{m}: batch {CONFIGS[m]['batch']}" + (f", seq {CONFIGS[m]['seq']}" if CONFIGS[m]['seq'] > 1
+                                                               else "") + f", {CONFIGS[m]['sizes']}" for m in MODELS)
+    lines += ["", f"Models: {sizes}.", ""]
+    out = ROOT / "bench" / "results" / "statistics_overhead.md"
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
