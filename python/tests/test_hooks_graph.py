@@ -242,3 +242,23 @@ if __name__ == "__main__":
     out = subprocess.run([sys.executable, "-m", "graphtrain.stats", "compare", "--baseline", str(tmp_path / "pt"),
                           "--candidate", str(tmp_path / "gt")], capture_output=True, text=True)
     assert out.returncode == 0 and "rank_1/step 1: 0 of 10" in out.stdout and "no divergence" in out.stdout, out.stdout
+
+
+def test_a_cached_graph_keeps_its_hooks(tmp_path):
+    graphtrain.set_option("cache_dir", str(tmp_path / "cache"))
+    torch.manual_seed(4)
+    base = Net()
+    x = torch.randn(3, 4)
+    dumps = []
+    for run in range(2):
+        model = copy.deepcopy(base)
+        SubscriberManager().subscribe(model, [StatisticsSubscriber(str(tmp_path / f"d{run}"))])
+        gm = graphtrain.GraphModule(model)
+        gm(x).backward()
+        assert gm.captures == (1 if run == 0 else 0)  # the second run loads the cached graph
+        dumps.append(read_sidecar(str(tmp_path / f"d{run}" / "step_0" / "statistics.bin")))
+    assert str(dumps[0]) == str(dumps[1]) and "TwoOut_2_1th_output_backward" in dumps[1]
+    # Without subscribers the model has another graph (no hooks): a separate cache entry.
+    gm = graphtrain.GraphModule(copy.deepcopy(base))
+    gm(x)
+    assert gm.captures == 1
