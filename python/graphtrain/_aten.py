@@ -265,6 +265,11 @@ def _squeeze(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Squeeze", [t.value(x), t.ints(dims)]) if dims else t.emit("Identity", [t.value(x)])
 
 
+@op(aten.expand_as.default)
+def _expand_as(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Expand", [t.value(n.args[0]), t.emit("Shape", [t.value(n.args[1])])])
+
+
 @op(aten.expand.default)
 def _expand(n: torch.fx.Node, t: Translator) -> str:
     x = n.args[0]

@@ -21,6 +21,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._capture import OPSET, TENSOR, Captured, GraphInput
+from ._options import options
 from .log import log, log_once
 
 FORMAT = 1
@@ -58,7 +59,8 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
             h.update(repr(item).encode())
             h.update(b"\0")
 
-    add(FORMAT, OPSET, __version__, torch.__version__, training, _rank(), schema)
+    add(FORMAT, OPSET, __version__, torch.__version__, training, _rank(), schema,
+        options()["enable_custom_autograd"].value)
     seen: set[type] = set()
     for name, sub in module.named_modules():
         cls = type(sub)
@@ -86,6 +88,9 @@ def _leaf_to_json(x: Any) -> Any:
 
 
 def save(path: str, captured: Captured, seconds: float) -> None:
+    if captured.uncacheable:
+        log("DEVINFO", f"capture not cached: {captured.uncacheable}")
+        return
     try:
         leaves = [_leaf_to_json(x) for x in captured.out_leaves]
     except TypeError as e:

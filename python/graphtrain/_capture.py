@@ -48,6 +48,7 @@ class Captured:
     buffer_updates: list[tuple[str, str]] = field(default_factory=list)  # (graph output, buffer name)
     out_spec: Any = None               # pytree spec of the module's output
     out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves; TENSOR marks tensors
+    uncacheable: str = ""              # why the on-disk cache cannot hold this capture, if it cannot
 
 
 class _TensorSlot:
@@ -113,6 +114,7 @@ class Translator:
         self.scope = ""
         self._count = 0
         self._consts: dict[tuple, str] = {}
+        self.uncacheable = ""  # set by a translator that emits what only this process can run
 
     # -- naming and emission --
     def fresh(self, hint: str) -> str:
@@ -219,14 +221,17 @@ def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[
     """torch.export of the module over its flattened tensor arguments, all dims dynamic where
     torch.export can keep them so (batch and sequence sizes do not re-capture)."""
     leaves = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
-    tensors = tuple(x.detach() for x in flat if isinstance(x, torch.Tensor))
+    # Inputs keep requires_grad, so what is traced (a Function's needs_input_grad) matches the run.
+    tensors = tuple(x.detach().requires_grad_(x.requires_grad) for x in flat if isinstance(x, torch.Tensor))
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)
     dims = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())} for t in tensors)
     from .hooks._subscriber import capture_scope
 
     # Subscribers' hooks must neither act nor count a step while torch.export traces the module.
-    with capture_output("graph capture (torch.export)"), capture_scope(module):
+    from .custom_function import opaque_functions
+
+    with capture_output("graph capture (torch.export)"), capture_scope(module), opaque_functions():
         ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False)
     return ep, record
 
@@ -297,7 +302,7 @@ def translate(ep: Any, record: dict, name: str) -> Captured:
     model.ir_version = 10
     return Captured(model=model, inputs=inputs, outputs=outputs, output_float=output_float,
                     buffer_updates=[(v, b) for b, v in updates], out_spec=record["spec"],
-                    out_leaves=list(record["leaves"]))
+                    out_leaves=list(record["leaves"]), uncacheable=t.uncacheable)
 
 
 def capture(module: torch.nn.Module, flat: list[Any], spec: Any, name: str) -> Captured:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C, _cache
+from . import _C, _cache, custom_function
 from ._callbacks import CallbackRun, recording
 from ._capture import TENSOR, Captured, capture
 from ._options import options
@@ -32,6 +32,7 @@ class _Runner:
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.buffers = dict(module.named_buffers(remove_duplicate=False))
         self.n_out = len(captured.outputs)
+        custom_function.prepare(captured.model)  # PythonOps: their Functions and shape inferers
         model = Model.from_bytes(captured.model.SerializeToString())
         self.infer = Session(model)
         names = [i.name for i in captured.inputs]

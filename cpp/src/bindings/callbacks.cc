@@ -4,6 +4,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <stdexcept>
+
 #include "bindings/bindings.h"
 #include "graphtrain/callback.h"
 #include "graphtrain/dtype.h"
@@ -128,7 +130,14 @@ void bind_callbacks(nb::module_& m) {
           nb::list shapes, dtypes;
           for (const SymShape& s : in.shapes) shapes.append(shape_to_python(s));
           for (DType d : in.dtypes) dtypes.append(to_onnx(d));
-          nb::object result = nb::borrow(held)(attributes_of(node), shapes, dtypes);
+          nb::object result;
+          try {
+            result = nb::borrow(held)(attributes_of(node), shapes, dtypes);
+          } catch (nb::python_error& e) {
+            // The message, not the interpreter's whole traceback: the caller names the function.
+            throw std::runtime_error(nb::cast<std::string>(nb::str(e.type().attr("__name__"))) +
+                                     ": " + nb::cast<std::string>(nb::str(e.value())));
+          }
           std::string fn_name = node.attr_string("func_name", "");
           PythonOpShapes out;
           nb::handle out_shapes = result[0], out_dtypes = result[1];

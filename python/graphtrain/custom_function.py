@@ -1,0 +1,331 @@
+"""Custom torch.autograd.Functions kept opaque in captured graphs, as `PythonOp` nodes.
+
+At capture, `Function.apply` inside the module becomes one `graphtrain::python_op` custom op of the
+exported program (its fake kernel runs the user's forward on fake tensors, which gives the output
+shapes), then one `PythonOp` node of the IR named by the class's qualified name. At run time the
+node calls `Function.apply` itself on torch tensors sharing the engine's memory, so the user's
+forward runs with a real autograd context (save_for_backward, needs_input_grad,
+mark_non_differentiable, mark_dirty, attributes); its `PythonOpGrad` node runs torch autograd
+backward through that very context.
+
+Shape inference: `register_shape_inferer(func_or_qualified_name, fn)`, or a static
+`infer_shape(node, input_shapes, input_dtypes) -> (output_shapes, output_dtypes)` on the Function,
+found by itself. Shapes are lists of ints and symbolic dim names ("batch", "batch*seq").
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import _aten, _C, _callbacks
+from ._options import options
+from .errors import GraphError, UnsupportedModelError
+
+InferShape = Callable[[dict, list[list[Any]], list[torch.dtype]], tuple[Sequence[Sequence[Any]], Sequence[torch.dtype]]]
+
+_ONNX_TO_TORCH = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64, 7: torch.int64,
+                  6: torch.int32, 3: torch.int8, 2: torch.uint8, 9: torch.bool}
+_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
+
+_functions: dict[str, type] = {}       # func_name -> Function class, from captures or imports
+_objects: dict[int, Any] = {}          # arguments of this process's captures that cannot be stored
+_notes: dict[str, dict] = {}           # call key -> what the fake run learned (outputs, dirty inputs)
+_python_inferers: dict[str, InferShape] = {}  # registered through register_shape_inferer
+_counter = itertools.count()
+_local = threading.local()
+_ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+def func_name(cls: type) -> str:
+    """The name a PythonOp calls its Function by: module path plus qualified name."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def resolve(name: str) -> type:
+    """The Function class of a PythonOp: one seen in this process, else imported by name."""
+    cls = _functions.get(name)
+    if cls is not None:
+        return cls
+    parts = name.split(".")
+    error = "no module of that name"
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError as e:
+            error = str(e)
+            break
+        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+            _functions[name] = obj
+            return obj
+        error = f"it is a {type(obj).__name__}, not a torch.autograd.Function"
+        break
+    raise GraphError(f"the graph calls torch.autograd.Function '{name}' (a PythonOp), which cannot be imported: "
+                     f"{error}. Define the Function at the top level of an importable module (not inside a "
+                     "function), or delete the cached graph (GRAPHTRAIN_CACHE_DIR) so the model is captured again")
+
+
+# ---- shape inferers ------------------------------------------------------------------------------
+
+def _engine_inferer(name: str, fn: InferShape) -> Callable:
+    def call(attrs: dict, shapes: list[list[Any]], dtypes: list[int]) -> tuple[list, list[int]]:
+        result = fn(attrs, shapes, [_ONNX_TO_TORCH.get(d, torch.float32) for d in dtypes])
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise TypeError(f"it must return (output_shapes, output_dtypes), got {result!r}")
+        out_shapes, out_dtypes = result
+        codes = []
+        for d in out_dtypes:
+            if d not in _TORCH_TO_ONNX:
+                raise TypeError(f"output dtype {d!r} is not a torch dtype graphtrain holds")
+            codes.append(_TORCH_TO_ONNX[d])
+        return [list(s) for s in out_shapes], codes
+
+    return call
+
+
+def register_shape_inferer(func_or_qualified_name: type | str, fn: InferShape) -> None:
+    """Registers `fn(node, input_shapes, input_dtypes) -> (output_shapes, output_dtypes)` as the
+    shape inferer of a Function's PythonOps. `node` is a dict of the node's attributes; shapes are
+    lists of ints and symbolic dim names; dtypes are torch dtypes. The engine calls it during shape
+    inference, so symbolic dims flow through the PythonOp."""
+    if isinstance(func_or_qualified_name, type):
+        if not issubclass(func_or_qualified_name, torch.autograd.Function):
+            raise TypeError(f"{func_or_qualified_name.__name__} is not a torch.autograd.Function")
+        name = func_name(func_or_qualified_name)
+    elif isinstance(func_or_qualified_name, str) and func_or_qualified_name:
+        name = func_or_qualified_name
+    else:
+        raise TypeError("register_shape_inferer needs a torch.autograd.Function class or its qualified name, got "
+                        f"{func_or_qualified_name!r}")
+    if not callable(fn):
+        raise TypeError(f"the shape inferer of '{name}' must be callable, got {type(fn).__name__}")
+    _python_inferers[name] = fn
+    _C.register_python_op_inferer(name, _engine_inferer(name, fn))
+
+
+def prepare(model: Any) -> None:
+    """Before a graph's shape inference: resolves each PythonOp's Function (a clear error for one
+    that cannot be imported) and registers its static infer_shape unless one was registered."""
+    for node in model.graph.node:
+        if node.op_type != "PythonOp" or node.domain != "graphtrain":
+            continue
+        name = next((a.s.decode() for a in node.attribute if a.name == "func_name"), "")
+        cls = resolve(name)
+        infer = getattr(cls, "infer_shape", None)
+        if infer is not None and name not in _python_inferers:
+            _C.register_python_op_inferer(name, _engine_inferer(name, infer))
+
+
+# ---- capture -------------------------------------------------------------------------------------
+
+def _storable(name: str, x: Any, capture_notes: dict) -> Any:
+    try:
+        return _callbacks.leaf_to_json(x)
+    except TypeError:
+        key = id(x)
+        _objects[key] = x  # kept for this process: a graph holding it is not cached
+        capture_notes.setdefault("uncacheable", f"torch.autograd.Function '{name}' takes a {type(x).__name__} "
+                                                "argument, which a cached graph cannot hold")
+        return {"__object__": key}
+
+
+def _argument(x: Any) -> Any:
+    if isinstance(x, dict) and "__object__" in x:
+        return _objects[x["__object__"]]
+    return _callbacks.leaf_from_json(x)
+
+
+def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    original = _ORIGINAL_APPLY.__func__
+    if getattr(_local, "inside", False) or cls.__module__.startswith(("torch._", "graphtrain")):
+        return original(cls, *args, **kwargs)
+    name = func_name(cls)
+    if not options()["enable_custom_autograd"].value:
+        try:
+            return original(cls, *args, **kwargs)
+        except UnsupportedModelError:
+            raise
+        except Exception as e:
+            raise UnsupportedModelError(
+                f"torch.export cannot trace through torch.autograd.Function '{name}' "
+                f"(GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0): {type(e).__name__}: {e}. Set GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=1 "
+                "to keep it opaque (a PythonOp that calls it)") from e
+    if kwargs:
+        raise UnsupportedModelError(f"torch.autograd.Function '{name}' is applied with keyword arguments "
+                                    f"({', '.join(kwargs)}); graphtrain keeps Functions opaque only when called "
+                                    "with positional arguments")
+    _functions[name] = cls
+    key = str(next(_counter))
+    notes = _notes.setdefault(key, {})
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    layout = [{"__tensor__": 1} if isinstance(a, torch.Tensor) else _storable(name, a, notes) for a in args]
+    info = json.dumps({"key": key, "arguments": layout, "requires_grad": [t.requires_grad for t in tensors]})
+    outs = _python_op(tensors, name, info)
+    return outs[0] if notes["single"] else tuple(outs)
+
+
+class opaque_functions:
+    """While GraphModule captures: Function.apply becomes a PythonOp (see the module doc)."""
+
+    def __enter__(self) -> None:
+        torch.autograd.Function.apply = classmethod(_patched_apply)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.autograd.Function.apply = _ORIGINAL_APPLY
+
+
+@torch.library.custom_op("graphtrain::python_op", mutates_args=())
+def _python_op(xs: list[torch.Tensor], func: str, info: str) -> list[torch.Tensor]:
+    return [o.clone() for o in _fake_or_real(xs, func, info)]
+
+
+@_python_op.register_fake
+def _(xs: list[torch.Tensor], func: str, info: str) -> list[torch.Tensor]:
+    return _fake_or_real(xs, func, info)
+
+
+torch.library.register_autograd("graphtrain::python_op", lambda ctx, grads: (None, None, None))
+
+
+def _fake_or_real(xs: list[torch.Tensor], func: str, info: str) -> list[torch.Tensor]:
+    """Runs the Function's forward (on fake tensors while exporting) to learn its outputs."""
+    d = json.loads(info)
+    cls = _functions[func]
+    it = iter(xs)
+    args = [next(it) if isinstance(a, dict) and "__tensor__" in a else _argument(a) for a in d["arguments"]]
+    versions = [x._version for x in xs]
+    _local.inside = True
+    try:
+        with torch.no_grad():
+            out = _ORIGINAL_APPLY.__func__(cls, *args)
+    except Exception as e:
+        # A forward that cannot run on fake tensors (numpy, a C extension): its shape inferer
+        # gives the outputs.
+        out = _outputs_from_inferer(func, xs, e)
+    finally:
+        _local.inside = False
+    single = isinstance(out, torch.Tensor)
+    outs = [out] if single else list(out) if isinstance(out, (tuple, list)) else None
+    if outs is None or not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise UnsupportedModelError(f"torch.autograd.Function '{func}' returns {type(out).__name__}; graphtrain keeps "
+                                    "Functions opaque when they return a tensor or a tuple of tensors")
+    dirty = [[k, j] for k, o in enumerate(outs) for j, x in enumerate(xs)
+             if x._version != versions[j] and _same_memory(o, x)]
+    _notes.setdefault(d["key"], {}).update(single=single, dirty=dirty)
+    # A custom op's outputs may not alias its inputs: views are cloned here (at run time the
+    # Function's own outputs, views included, go back to the engine uncopied).
+    return [o.clone() if o._base is not None or any(_same_memory(o, x) for x in xs) else o for o in outs]
+
+
+def _outputs_from_inferer(func: str, xs: list[torch.Tensor], error: Exception) -> Any:
+    infer = _python_inferers.get(func) or getattr(_functions[func], "infer_shape", None)
+    if infer is None:
+        raise UnsupportedModelError(
+            f"torch.autograd.Function '{func}' cannot run on torch.export's fake tensors ({type(error).__name__}: "
+            f"{error}), so graphtrain cannot learn its output shapes. Give it a static infer_shape(node, input_shapes, "
+            "input_dtypes) or register one with graphtrain.custom_function.register_shape_inferer") from error
+    symbols = {str(d): d for x in xs for d in x.shape if not isinstance(d, int)}
+    shapes, dtypes = infer({"func_name": func}, [[d if isinstance(d, int) else str(d) for d in x.shape] for x in xs],
+                           [x.dtype for x in xs])
+    outs = []
+    for shape, dtype in zip(shapes, dtypes):
+        dims = []
+        for d in shape:
+            if not isinstance(d, int) and d not in symbols:
+                raise UnsupportedModelError(f"the shape inferer of torch.autograd.Function '{func}' gave dim {d!r}, "
+                                            f"which is neither an int nor an input dim ({', '.join(symbols) or 'none'})")
+            dims.append(d if isinstance(d, int) else symbols[d])
+        outs.append(torch.empty(dims, dtype=dtype))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def _translate(n: torch.fx.Node, t: Any) -> list[str]:
+    xs, func, info = n.args
+    d = json.loads(info)
+    notes = _notes.get(d["key"], {})
+    if notes.get("uncacheable"):
+        t.uncacheable = notes["uncacheable"]
+    outs_meta = _aten.val(n)
+    inputs_meta = [_aten.val(x) for x in xs]
+    attrs = dict(
+        info=info, input_ranks=[m.dim() for m in inputs_meta], input_dtypes=[t.onnx_dtype(m.dtype) for m in inputs_meta],
+        input_requires_grad=[int(r) for r in d["requires_grad"]], output_ranks=[m.dim() for m in outs_meta],
+        output_dtypes=[t.onnx_dtype(m.dtype) for m in outs_meta], dirty_inputs=[j for _, j in notes.get("dirty", [])])
+    attrs = {k: v for k, v in attrs.items() if v != []}  # ONNX cannot type an empty list
+    outs = t.emit("PythonOp", [t.value(x) for x in xs], n_out=len(outs_meta) + 1, domain="graphtrain", func_name=func,
+                  **attrs)
+    for k, j in notes.get("dirty", []):
+        t.mutated(xs[j], outs[k])  # later readers of a dirtied input see the Function's output
+    return outs[:-1]
+
+
+_aten.TRANSLATORS[torch.ops.graphtrain.python_op.default] = _translate
+
+
+# ---- run time ------------------------------------------------------------------------------------
+
+def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
+    run = _callbacks.current_run()
+    name = attrs["func_name"]
+    cls = resolve(name)
+    d = json.loads(attrs["info"])
+    dirty = set(attrs.get("dirty_inputs", []))
+    bases: list[torch.Tensor | None] = []
+    proxies = []
+    # The engine runs inside torch autograd's forward (grad mode off): this call records a graph
+    # of its own when a backward will follow.
+    with torch.enable_grad() if run.training else torch.no_grad():
+        for j, (x, rg) in enumerate(zip(inputs, d["requires_grad"])):
+            base = x.detach()
+            grad = run.training and rg and x.is_floating_point()
+            if grad:
+                base.requires_grad_()
+            bases.append(base if grad else None)
+            # A dirtied input is modified in a copy: the engine's input keeps its value for
+            # readers that ran before the Function in eager order; later readers read the output.
+            proxies.append(base.clone() if j in dirty else base)
+        it = iter(proxies)
+        args = [next(it) if isinstance(a, dict) and "__tensor__" in a else _argument(a) for a in d["arguments"]]
+        out = cls.apply(*args)
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    if len(outs) != len(attrs["output_ranks"]):
+        raise GraphError(f"torch.autograd.Function '{name}' returned {len(outs)} outputs at run time, "
+                         f"{len(attrs['output_ranks'])} at capture")
+    key = run.keep((bases, outs)) if any(b is not None for b in bases) else -1
+    return [o.detach() for o in outs] + [_callbacks.context_tensor(key)]
+
+
+def _run_backward(attrs: dict, inputs: list[Any]) -> list[Any]:
+    run = _callbacks.current_run()
+    key = int(inputs[0])
+    grads = inputs[1:]
+    n_in = len(attrs.get("input_dtypes", [])) or None
+    entry = run.take(key) if key >= 0 else None
+    if entry is None:
+        return [None] * (n_in or 0)
+    bases, outs = entry
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+    if pairs:
+        # backward (not autograd.grad): reentrant checkpointing requires it, and leaves the
+        # Function reached outside its inputs (parameters in a closure) accumulate as in eager.
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return [None if b is None else (b.grad if b.grad is not None else torch.zeros_like(b)) for b in bases]
+
+
+_callbacks.HANDLERS["PythonOp"] = _run_forward
+_callbacks.HANDLERS["PythonOpGrad"] = _run_backward
