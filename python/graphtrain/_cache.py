@@ -20,7 +20,8 @@ import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from ._capture import OPSET, TENSOR, Captured, GraphInput
+from ._callbacks import leaf_from_json, leaf_to_json
+from ._capture import OPSET, Captured, GraphInput
 from ._options import options
 from .log import log, log_once
 
@@ -79,22 +80,14 @@ def _checksum(model: onnx.ModelProto, meta: str) -> str:
     return hashlib.sha256(model.graph.SerializeToString() + meta.encode()).hexdigest()
 
 
-def _leaf_to_json(x: Any) -> Any:
-    if x is TENSOR:
-        return {"__tensor__": 1}
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    raise TypeError(type(x).__name__)
-
-
 def save(path: str, captured: Captured, seconds: float) -> None:
     if captured.uncacheable:
         log("DEVINFO", f"capture not cached: {captured.uncacheable}")
         return
     try:
-        leaves = [_leaf_to_json(x) for x in captured.out_leaves]
+        leaves = [leaf_to_json(x) for x in captured.out_leaves]
     except TypeError as e:
-        log("DEVINFO", f"capture not cached: the module returns a {e} that cannot be stored")
+        log("DEVINFO", f"capture not cached: the module returns {e}, which cannot be stored")
         return
     meta = json.dumps({
         "format": FORMAT,
@@ -142,7 +135,7 @@ def load(path: str) -> tuple[Captured, float] | None:
         m = json.loads(meta)
         if m["format"] != FORMAT:
             raise ValueError(f"format {m['format']}, expected {FORMAT}")
-        leaves = [TENSOR if isinstance(x, dict) and x.get("__tensor__") else x for x in m["out_leaves"]]
+        leaves = [leaf_from_json(x) for x in m["out_leaves"]]
         captured = Captured(
             model=model,
             inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],

@@ -78,17 +78,19 @@ def context_tensor(key: int) -> torch.Tensor:
 
 # ---- values as JSON (node attributes of captured graphs must survive the on-disk cache) ----------
 
-class _Marker:
+class _TensorSlot:
+    """Marks where a tensor goes among the leaves of an argument or output structure."""
+
     def __repr__(self) -> str:
         return "<tensor>"
 
 
-_TENSOR = _Marker()
+TENSOR = _TensorSlot()
 
 
 def leaf_to_json(x: Any) -> Any:
     """A non-tensor leaf as JSON; tuples and lists keep their kind. Raises TypeError otherwise."""
-    if x is _TENSOR:
+    if x is TENSOR:
         return {"__tensor__": 1}
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
@@ -102,7 +104,7 @@ def leaf_to_json(x: Any) -> Any:
 def leaf_from_json(x: Any) -> Any:
     if isinstance(x, dict):
         if "__tensor__" in x:
-            return _TENSOR
+            return TENSOR
         if "__tuple__" in x:
             return tuple(leaf_from_json(i) for i in x["__tuple__"])
         if "__list__" in x:
@@ -119,7 +121,7 @@ def describe_structure(value: Any) -> tuple[list[torch.Tensor], dict]:
     encoded = []
     for x in leaves:
         try:
-            encoded.append(leaf_to_json(_TENSOR if isinstance(x, torch.Tensor) else x))
+            encoded.append(leaf_to_json(TENSOR if isinstance(x, torch.Tensor) else x))
         except TypeError:
             encoded.append(None)  # an argument that cannot be stored: subscribers see None
     return tensors, {"spec": pytree.treespec_dumps(spec), "leaves": encoded,
@@ -138,7 +140,7 @@ def _parse(info: str) -> dict:
 
 def _rebuild(desc: dict, tensors: list[torch.Tensor]) -> Any:
     it = iter(tensors)
-    leaves = [next(it) if x is _TENSOR else x for x in desc["decoded"]]
+    leaves = [next(it) if x is TENSOR else x for x in desc["decoded"]]
     return pytree.tree_unflatten(leaves, desc["treespec"])
 
 

@@ -15,7 +15,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch.utils import _pytree as pytree
 
-from . import _aten, _callbacks  # noqa: F401 - _callbacks registers the Hook translator
+from . import _aten
+from ._callbacks import TENSOR  # importing _callbacks registers the Hook translator
 from .errors import UnsupportedModelError
 from .log import capture_output
 
@@ -51,14 +52,6 @@ class Captured:
     uncacheable: str = ""              # why the on-disk cache cannot hold this capture, if it cannot
 
 
-class _TensorSlot:
-    """Marks where a tensor goes among the leaves of an argument or output structure."""
-
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-TENSOR = _TensorSlot()
 
 
 class _Flat(torch.nn.Module):

@@ -355,3 +355,20 @@ def test_an_unimportable_function_in_a_cached_graph_is_named(tmp_path):
     assert second.returncode != 0
     assert "torch.autograd.Function '__main__.build.<locals>.Local'" in second.stderr
     assert "cannot be imported" in second.stderr and "GRAPHTRAIN_CACHE_DIR" in second.stderr
+
+
+class JustFlatten(nn.Module):
+    def forward(self, x):
+        return Flatten.apply(x)
+
+
+def test_a_view_returned_by_a_function_keeps_sharing_memory():
+    x = torch.randn(2, 3, 4)
+    gm = graphtrain.GraphModule(JustFlatten())
+    with torch.no_grad():
+        y = gm(x)
+    assert y.shape == (2, 12) and y.data_ptr() == x.data_ptr()  # no copy on the way in or out
+    x.requires_grad_()
+    out = gm(x)
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))  # Flatten's custom backward doubles
