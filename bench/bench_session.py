@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from machine import rss_kib  # noqa: E402
-from configs import CONFIGS  # noqa: E402
+from configs import CONFIGS, describe_models  # noqa: E402
 
 
 def worker(runtime: str, model: str, path: str, threads: int, iters: int) -> dict:
@@ -74,7 +74,7 @@ def main() -> int:
         print(json.dumps(worker(runtime, model, path, int(threads), int(iters))))
         return 0
 
-    from machine import describe
+    from machine import describe, write_results
     from models import export
 
     iters = 10 if args.quick else 50
@@ -111,12 +111,8 @@ def main() -> int:
     ]
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.1f} | {r[6]:.1f} |")
-    sizes = ", ".join(f"{m}: batch {c['batch']}" + (f", seq {c['seq']}" if c['seq'] > 1 else "")
-                      + f", {c['sizes']}" for m, c in CONFIGS.items())
-    lines += ["", f"Models: {sizes}.", ""]
-    out = ROOT / "bench" / "results" / "session_forward.md"
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    lines += ["", describe_models(), ""]
+    write_results("session_forward.md", lines)
     return 0
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from configs import CONFIGS, example_kwargs  # noqa: E402
+from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
 
 RUNNERS = ["eager", "eager + stats", "GraphModule", "GraphModule + stats", "torch.compile"]
 MODELS = ["mlp", "gpt"]
@@ -80,7 +80,7 @@ def main() -> int:
         print(json.dumps(worker(runner, model, out_dir, int(iters))))
         return 0
 
-    from machine import describe
+    from machine import describe, write_results
 
     iters = 8 if args.quick else 20
     runners = [r for r in RUNNERS if not (args.no_compile and r == "torch.compile")]
@@ -126,12 +126,8 @@ def main() -> int:
         modules = next((v["modules"] for v in result.values() if v), "-")
         lines.append(f"| {model} | {modules} | " + " | ".join(cells) + f" | {ratio(result, 'eager + stats', 'eager')} | "
                      f"{ratio(result, 'GraphModule + stats', 'GraphModule')} |")
-    sizes = ", ".join(f"{m}: batch {CONFIGS[m]['batch']}" + (f", seq {CONFIGS[m]['seq']}" if CONFIGS[m]['seq'] > 1
-                                                               else "") + f", {CONFIGS[m]['sizes']}" for m in MODELS)
-    lines += ["", f"Models: {sizes}.", ""]
-    out = ROOT / "bench" / "results" / "statistics_overhead.md"
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    lines += ["", describe_models(MODELS), ""]
+    write_results("statistics_overhead.md", lines)
     return 0
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from machine import rss_kib  # noqa: E402
-from configs import CONFIGS, example_kwargs  # noqa: E402
+from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
 
 
 def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict:
@@ -95,7 +95,7 @@ def main() -> int:
         print(json.dumps(worker(runner, model, path, int(threads), int(iters))))
         return 0
 
-    from machine import describe
+    from machine import describe, write_results
     from models import export_training
 
     iters = 10 if args.quick else 30
@@ -155,12 +155,8 @@ def main() -> int:
             ratio = res["median_ms"] / g["median_ms"]
             lines.append(f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
                          f"{res['peak_mib']:.1f} |")
-    sizes = ", ".join(f"{m}: batch {c['batch']}" + (f", seq {c['seq']}" if c['seq'] > 1 else "") + f", {c['sizes']}"
-                      for m, c in CONFIGS.items())
-    lines += ["", f"Models: {sizes}.", ""]
-    out = ROOT / "bench" / "results" / "training_step.md"
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    lines += ["", describe_models(), ""]
+    write_results("training_step.md", lines)
     return 0
 
 

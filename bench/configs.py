@@ -1,5 +1,7 @@
 """Model sizes the benchmarks use: large enough that kernels, not per-op overhead, dominate."""
 
+from __future__ import annotations
+
 CONFIGS = {
     "mlp": dict(sizes=dict(d_in=512, hidden=1024, d_out=256), batch=256, seq=1),
     "encoder": dict(sizes=dict(vocab=1000, dim=128, heads=4, layers=2, max_len=128), batch=16, seq=64),
@@ -14,3 +16,11 @@ def example_kwargs(model: str) -> dict:
     if "vocab" in cfg["sizes"]:
         kw["vocab"] = cfg["sizes"]["vocab"]
     return kw
+
+
+def describe_models(models: list[str] | None = None) -> str:
+    """'Models: ...' line of a results file: each model's batch, sequence and sizes."""
+    sizes = ", ".join(f"{m}: batch {CONFIGS[m]['batch']}" + (f", seq {CONFIGS[m]['seq']}" if CONFIGS[m]["seq"] > 1
+                                                               else "") + f", {CONFIGS[m]['sizes']}"
+                      for m in (models or list(CONFIGS)))
+    return f"Models: {sizes}."

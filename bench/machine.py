@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 
 def rss_kib(field: str) -> int:
@@ -47,3 +48,10 @@ def describe() -> str:
     except ImportError:
         pass
     return f"{cpu} ({flags}), {os.cpu_count()} cores, {mem}; {platform.system()} {platform.release()}; {versions}"
+
+
+def write_results(name: str, lines: list[str]) -> None:
+    """Writes bench/results/<name> and says where."""
+    out = Path(__file__).resolve().parent / "results" / name
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")

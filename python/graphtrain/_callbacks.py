@@ -213,8 +213,11 @@ def _hook(attrs: dict, inputs: list[Any]) -> list[Any]:
             raise RuntimeError(f"{where} replaced tensor {i} ({v.dtype} {list(v.shape)}) by a {r.dtype} "
                                f"{list(r.shape)} tensor; a replacement must keep shape and dtype")
         out.append(r.detach().contiguous())
+    # Kept for HookGrad only when it has something to run (tensor hooks, a replaced tensor's
+    # autograd graph); otherwise gradients pass and the module outputs are not held until backward.
     key = -1
-    if run.training and any(pr is not v for pr, v in zip(proxies, values)):
+    if run.training and any(pr is not v and (r is not pr or getattr(pr, "_backward_hooks", None))
+                            for pr, v, r in zip(proxies, values, results)):
         key = run.keep((proxies, results))
     return out + [context_tensor(key)]
 
@@ -227,8 +230,6 @@ def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
     if entry is None:
         return list(grads)
     proxies, results = entry
-    if all(r is pr and not getattr(pr, "_backward_hooks", None) for pr, r in zip(proxies, results)):
-        return list(grads)  # nothing to run: the gradients pass
     outs, outs_grads = [], []
     for r, g in zip(results, grads):
         if g is not None and r.requires_grad:
