@@ -1,5 +1,6 @@
 #include "graphtrain/statistics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -65,23 +66,90 @@ struct Moments {
   }
 };
 
-template <typename T>
-void scan(const T* p, int64_t lo, int64_t hi, Moments& m) {
-  for (int64_t i = lo; i < hi; ++i) m.add(static_cast<double>(p[i]));
+// The moments of a block of finite values in two passes over data still in cache: sum, min, max
+// and signs, then the squared deviations from the block's mean (independent accumulators, so the
+// loops pipeline and vectorize). False when the block holds a NaN or an infinity (or its sum
+// overflows): the caller then takes it value by value.
+constexpr int64_t kBlock = 2048;
+
+bool finite_block(const double* x, int64_t n, Moments& out) {
+  double sum[4] = {0, 0, 0, 0};
+  double lo[4], hi[4];
+  int64_t neg[4] = {0, 0, 0, 0}, pos[4] = {0, 0, 0, 0};
+  for (int j = 0; j < 4; ++j) {
+    lo[j] = std::numeric_limits<double>::infinity();
+    hi[j] = -lo[j];
+  }
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) {
+      double v = x[i + j];
+      sum[j] += v;
+      lo[j] = v < lo[j] ? v : lo[j];
+      hi[j] = v > hi[j] ? v : hi[j];
+      neg[j] += v < 0;
+      pos[j] += v > 0;
+    }
+  for (; i < n; ++i) {
+    double v = x[i];
+    sum[0] += v;
+    lo[0] = v < lo[0] ? v : lo[0];
+    hi[0] = v > hi[0] ? v : hi[0];
+    neg[0] += v < 0;
+    pos[0] += v > 0;
+  }
+  double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+  if (!std::isfinite(total)) return false;  // NaN, infinity, or overflow
+  double mean = total / static_cast<double>(n);
+  double m2[4] = {0, 0, 0, 0};
+  for (i = 0; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) {
+      double d = x[i + j] - mean;
+      m2[j] += d * d;
+    }
+  for (; i < n; ++i) m2[0] += (x[i] - mean) * (x[i] - mean);
+  out = Moments();
+  out.n = n;
+  out.mean = mean;
+  out.m2 = (m2[0] + m2[1]) + (m2[2] + m2[3]);
+  out.min = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
+  out.max = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
+  out.neg = (neg[0] + neg[1]) + (neg[2] + neg[3]);
+  out.pos = (pos[0] + pos[1]) + (pos[2] + pos[3]);
+  out.zero = n - out.neg - out.pos;
+  return true;
+}
+
+template <typename Load>
+void scan(int64_t lo, int64_t hi, Moments& m, Load load) {
+  double buf[kBlock];
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    int64_t n = std::min(kBlock, hi - b);
+    for (int64_t i = 0; i < n; ++i) buf[i] = load(b + i);
+    Moments block;
+    if (!finite_block(buf, n, block)) {
+      block = Moments();
+      for (int64_t i = 0; i < n; ++i) block.add(buf[i]);
+    }
+    m.merge(block);
+  }
 }
 
 void scan_bucket(const Tensor& t, int64_t lo, int64_t hi, Moments& m) {
+  auto typed = [&](auto* p) {
+    scan(lo, hi, m, [p](int64_t i) { return static_cast<double>(p[i]); });
+  };
   switch (t.dtype()) {
     case DType::kFloat32:
-      return scan(t.data<float>(), lo, hi, m);
+      return typed(t.data<float>());
     case DType::kFloat64:
-      return scan(t.data<double>(), lo, hi, m);
+      return typed(t.data<double>());
     case DType::kInt64:
-      return scan(t.data<int64_t>(), lo, hi, m);
+      return typed(t.data<int64_t>());
     case DType::kInt32:
-      return scan(t.data<int32_t>(), lo, hi, m);
-    default:
-      for (int64_t i = lo; i < hi; ++i) m.add(t.as_double(i));  // 16-bit floats widen to double
+      return typed(t.data<int32_t>());
+    default:  // 16-bit floats widen to double, like every other type
+      return scan(lo, hi, m, [&t](int64_t i) { return t.as_double(i); });
   }
 }
 
