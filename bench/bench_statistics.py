@@ -115,7 +115,9 @@ def main() -> int:
         f"One step = forward, backward and AdamW; median of {iters} steps after 3 warm-up steps, one thread, "
         "each runner in its own process. '+ stats': a StatisticsSubscriber on every module dumps every step "
         "(statistics of each module's outputs in forward and of their gradients in backward: text files and "
-        "the binary sidecar). torch.compile runs without subscribers, as the reference.",
+        "the binary sidecar). torch.compile runs without subscribers, as the reference. Most of the cost is "
+        "writing one text file per tensor (42 per GPT step, statistics themselves take ~1.5 ns per value), so it "
+        "varies with the file system the dumps go to (here a temporary folder).",
         "",
         "| model | modules | " + " | ".join(f"{r} ms" for r in runners) +
         " | eager stats / eager | GraphModule stats / GraphModule |",

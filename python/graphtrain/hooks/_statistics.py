@@ -68,6 +68,7 @@ class StatisticsSubscriber(SubscriberBase):
         self.output_dir = output_dir
         self.bucket_size = bucket_size
         self._lock = threading.Lock()
+        self._open: dict[str, tuple[Any, Any]] = {}
         _active.append(self)
 
     def post_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
@@ -100,34 +101,60 @@ class StatisticsSubscriber(SubscriberBase):
             data = data.contiguous()
         stats = _C.tensor_stats(data, self.bucket_size, 128, name)
         folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
+        encoded, where = name.encode(), module_path.encode()
+        record = (struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(where)) + where +
+                  struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)))
         with self._lock:
-            os.makedirs(folder, exist_ok=True)
+            order, sidecar = self._step_files(folder)
             with open(os.path.join(folder, name), "w") as f:
                 f.write(f"module: {module_path}\n" + stats["text"])
-            with open(os.path.join(folder, "order.txt"), "a") as f:
-                f.write(name + "\n")
-            encoded, where = name.encode(), module_path.encode()
-            record = (struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(where)) + where +
-                      struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)))
-            with open(os.path.join(folder, "statistics.bin"), "ab") as f:
-                f.write(record)
+            # One write each, flushed at once: a reader (or a crash) sees whole records.
+            order.write(name + "\n")
+            order.flush()
+            sidecar.write(record)
+            sidecar.flush()
+
+    def _step_files(self, folder: str) -> tuple[Any, Any]:
+        """order.txt and statistics.bin of a step folder, kept open for the step's next dumps (a
+        few steps at once: a backward may still write into the previous step)."""
+        files = self._open.get(folder)
+        if files is None:
+            os.makedirs(folder, exist_ok=True)
+            files = (open(os.path.join(folder, "order.txt"), "a"), open(os.path.join(folder, "statistics.bin"), "ab"))
+            self._open[folder] = files
+            while len(self._open) > 3:
+                for f in self._open.pop(next(iter(self._open))):
+                    f.close()
+        return files
+
+    def close(self) -> None:
+        """Closes the files kept open (they are flushed after every record)."""
+        with self._lock:
+            for files in self._open.values():
+                for f in files:
+                    f.close()
+            self._open.clear()
 
 
 def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
-    """The records of a statistics.bin file: name -> field -> value (and "module" -> path)."""
+    """The records of a statistics.bin file: name -> field -> value (and "module" -> path). A last
+    record cut short (a run killed while writing it) is left out."""
     out: dict[str, dict[str, Any]] = {}
     data = open(path, "rb").read()
     at, width = 0, 8 * len(SIDECAR_FIELDS)
-    while at < len(data):
-        (n,) = struct.unpack_from("<I", data, at)
-        name = data[at + 4:at + 4 + n].decode()
-        at += 4 + n
-        (m,) = struct.unpack_from("<I", data, at)
-        module = data[at + 4:at + 4 + m].decode()
-        at += 4 + m
-        values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at)
-        out[name] = {"module": module, **dict(zip(SIDECAR_FIELDS, values))}
-        at += width
+    try:
+        while at < len(data):
+            (n,) = struct.unpack_from("<I", data, at)
+            name = data[at + 4:at + 4 + n].decode()
+            at += 4 + n
+            (m,) = struct.unpack_from("<I", data, at)
+            module = data[at + 4:at + 4 + m].decode()
+            at += 4 + m
+            values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at)
+            out[name] = {"module": module, **dict(zip(SIDECAR_FIELDS, values))}
+            at += width
+    except (struct.error, UnicodeDecodeError):
+        pass
     return out
 
 
