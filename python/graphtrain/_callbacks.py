@@ -230,6 +230,17 @@ def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
     if entry is None:
         return list(grads)
     proxies, results = entry
+    if all(r is pr for pr, r in zip(proxies, results)):
+        # Nothing replaced: run the tensor hooks registered on the leaves directly, in order, each
+        # seeing the previous one's result, as torch's engine runs a leaf's hooks.
+        passed = []
+        for pr, g in zip(proxies, grads):
+            for hook in list((getattr(pr, "_backward_hooks", None) or {}).values()):
+                if g is not None:
+                    new = hook(g)
+                    g = g if new is None else new
+            passed.append(g)
+        return passed
     outs, outs_grads = [], []
     for r, g in zip(results, grads):
         if g is not None and r.requires_grad:

@@ -148,7 +148,7 @@ def _argument(x: Any) -> Any:
 
 def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     original = _ORIGINAL_APPLY.__func__
-    if getattr(_local, "inside", False) or cls.__module__.startswith(("torch._", "graphtrain")):
+    if getattr(_local, "inside", False) or cls.__module__.startswith(("torch._", "graphtrain.")):
         return original(cls, *args, **kwargs)
     name = func_name(cls)
     if not options()["enable_custom_autograd"].value:
@@ -257,7 +257,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     xs, func, info = n.args
     d = json.loads(info)
-    notes = _notes.get(d["key"], {})
+    notes = _notes.pop(d["key"], {})  # what the fake run learned; not needed after translation
     if notes.get("uncacheable"):
         t.uncacheable = notes["uncacheable"]
     outs_meta = _aten.val(n)
