@@ -36,10 +36,12 @@ class CallbackRun:
         self.module = module
         self.training = training
         self._kept: dict[int, Any] = {}
+        self._next = 0
         self._modules: dict[str, torch.nn.Module] = {}
 
     def keep(self, entry: Any) -> int:
-        key = len(self._kept)
+        key = self._next
+        self._next += 1
         self._kept[key] = entry
         return key
 
