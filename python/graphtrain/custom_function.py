@@ -148,7 +148,8 @@ def _argument(x: Any) -> Any:
 
 def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     original = _ORIGINAL_APPLY.__func__
-    if getattr(_local, "inside", False) or cls.__module__.startswith(("torch._", "graphtrain.")):
+    if (not getattr(_local, "capturing", False) or getattr(_local, "inside", False)
+            or cls.__module__.startswith(("torch._", "graphtrain."))):
         return original(cls, *args, **kwargs)
     name = func_name(cls)
     if not options()["enable_custom_autograd"].value:
@@ -176,13 +177,26 @@ def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 class opaque_functions:
-    """While GraphModule captures: Function.apply becomes a PythonOp (see the module doc)."""
+    """While GraphModule captures: Function.apply becomes a PythonOp (see the module doc), in the
+    capturing thread only (other threads applying Functions meanwhile get the original)."""
+
+    _lock = threading.Lock()
+    _depth = 0
 
     def __enter__(self) -> None:
-        torch.autograd.Function.apply = classmethod(_patched_apply)
+        self._previous = getattr(_local, "capturing", False)
+        _local.capturing = True
+        with opaque_functions._lock:
+            if opaque_functions._depth == 0:
+                torch.autograd.Function.apply = classmethod(_patched_apply)
+            opaque_functions._depth += 1
 
     def __exit__(self, *exc: object) -> None:
-        torch.autograd.Function.apply = _ORIGINAL_APPLY
+        _local.capturing = self._previous
+        with opaque_functions._lock:
+            opaque_functions._depth -= 1
+            if opaque_functions._depth == 0:
+                torch.autograd.Function.apply = _ORIGINAL_APPLY
 
 
 @torch.library.custom_op("graphtrain::python_op", mutates_args=())

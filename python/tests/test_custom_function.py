@@ -372,3 +372,35 @@ def test_a_view_returned_by_a_function_keeps_sharing_memory():
     out = gm(x)
     out.backward(torch.ones_like(out))
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))  # Flatten's custom backward doubles
+
+
+def test_other_threads_apply_functions_normally_during_a_capture():
+    import threading
+
+    seen = []
+    started, release = threading.Event(), threading.Event()
+
+    class Waits(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            started.set()
+            release.wait(10)  # another thread applies a Function while this capture runs
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def other():
+        started.wait(10)
+        x = torch.ones(3, requires_grad=True)
+        y = ScaledSTE.apply(x * 0.5, 4.0)
+        seen.append(type(y.grad_fn).__name__)
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    gm = graphtrain.GraphModule(Wrap(Waits))
+    gm(torch.randn(2, 5, 3))
+    t.join()
+    assert seen == ["ScaledSTEBackward"]  # a real autograd node, not graphtrain's capture op
