@@ -12,13 +12,17 @@ namespace {
 template <bool kLog>
 void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
+  if (stride == 1) {
+    mx = vec::max(x, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
+  }
   if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
   float sum = 0;
   if (stride == 1) {
     // y holds exp(x - max) first (for log-softmax only as scratch).
     vec::map(x, y, n, [mx](auto v) { return vec::exp(v - mx); });
-    for (int64_t i = 0; i < n; ++i) sum += y[i];
+    sum = vec::sum(y, n);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       float e = vec::exp(x[i * stride] - mx);

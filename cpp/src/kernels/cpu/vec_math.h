@@ -152,4 +152,28 @@ inline void map(const float* x, float* y, int64_t n, F f) {
   for (; i < n; ++i) y[i] = f(x[i]);
 }
 
+// Reductions over n floats, 8 lanes at a time (the order of additions is fixed by n alone).
+inline float sum(const float* x, int64_t n) {
+  f8 acc = f8{};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += load(x + i);
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// The largest of n floats, NaNs ignored (like std::max(max, x) in a loop); -inf when none.
+inline float max(const float* x, int64_t n) {
+  f8 acc = splat(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    f8 v = load(x + i);
+    acc = v > acc ? v : acc;
+  }
+  float m = acc[0];
+  for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
 }  // namespace graphtrain::cpu::vec
