@@ -20,7 +20,8 @@ def example_kwargs(model: str) -> dict:
 
 def describe_models(models: list[str] | None = None) -> str:
     """'Models: ...' line of a results file: each model's batch, sequence and sizes."""
-    sizes = ", ".join(f"{m}: batch {CONFIGS[m]['batch']}" + (f", seq {CONFIGS[m]['seq']}" if CONFIGS[m]["seq"] > 1
-                                                               else "") + f", {CONFIGS[m]['sizes']}"
-                      for m in (models or list(CONFIGS)))
-    return f"Models: {sizes}."
+    parts = []
+    for m in models or list(CONFIGS):
+        c = CONFIGS[m]
+        parts.append(f"{m}: batch {c['batch']}" + (f", seq {c['seq']}" if c["seq"] > 1 else "") + f", {c['sizes']}")
+    return f"Models: {', '.join(parts)}."

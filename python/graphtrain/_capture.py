@@ -52,8 +52,6 @@ class Captured:
     uncacheable: str = ""              # why the on-disk cache cannot hold this capture, if it cannot
 
 
-
-
 class _Flat(torch.nn.Module):
     """Calls the module on flat tensors (the rest of its arguments fixed) and returns flat tensors."""
 
@@ -219,11 +217,11 @@ def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)
     dims = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())} for t in tensors)
+    from .custom_function import opaque_functions
     from .hooks._subscriber import capture_scope
 
-    # Subscribers' hooks must neither act nor count a step while torch.export traces the module.
-    from .custom_function import opaque_functions
-
+    # While torch.export traces: subscribed module boundaries become Hook nodes (no hook acts, no
+    # step counts) and torch.autograd.Functions become PythonOps.
     with capture_output("graph capture (torch.export)"), capture_scope(module), opaque_functions():
         ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False)
     return ep, record
@@ -291,7 +289,8 @@ def translate(ep: Any, record: dict, name: str) -> Captured:
     for buf, value in updates:
         value_infos.append(helper.make_tensor_value_info(value, TensorProto.UNDEFINED, None))
     graph = helper.make_graph(t.nodes, name, graph_inputs, value_infos, initializer=t.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("graphtrain", 1)])
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("graphtrain", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     return Captured(model=model, inputs=inputs, outputs=outputs, output_float=output_float,
                     buffer_updates=[(v, b) for b, v in updates], out_spec=record["spec"],

@@ -160,8 +160,8 @@ def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         except Exception as e:
             raise UnsupportedModelError(
                 f"torch.export cannot trace through torch.autograd.Function '{name}' "
-                f"(GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0): {type(e).__name__}: {e}. Set GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=1 "
-                "to keep it opaque (a PythonOp that calls it)") from e
+                f"(GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0): {type(e).__name__}: {e}. "
+                "Set GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=1 to keep it opaque (a PythonOp that calls it)") from e
     if kwargs:
         raise UnsupportedModelError(f"torch.autograd.Function '{name}' is applied with keyword arguments "
                                     f"({', '.join(kwargs)}); graphtrain keeps Functions opaque only when called "
@@ -257,8 +257,9 @@ def _outputs_from_inferer(func: str, xs: list[torch.Tensor], error: Exception) -
         dims = []
         for d in shape:
             if not isinstance(d, int) and d not in symbols:
+                known = ", ".join(symbols) or "none"
                 raise UnsupportedModelError(f"the shape inferer of torch.autograd.Function '{func}' gave dim {d!r}, "
-                                            f"which is neither an int nor an input dim ({', '.join(symbols) or 'none'})")
+                                            f"which is neither an int nor an input dim ({known})")
             dims.append(d if isinstance(d, int) else symbols[d])
         outs.append(torch.empty(dims, dtype=dtype))
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -277,7 +278,8 @@ def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     outs_meta = _aten.val(n)
     inputs_meta = [_aten.val(x) for x in xs]
     attrs = dict(
-        info=info, input_ranks=[m.dim() for m in inputs_meta], input_dtypes=[t.onnx_dtype(m.dtype) for m in inputs_meta],
+        info=info, input_ranks=[m.dim() for m in inputs_meta],
+        input_dtypes=[t.onnx_dtype(m.dtype) for m in inputs_meta],
         input_requires_grad=[int(r) for r in d["requires_grad"]], output_ranks=[m.dim() for m in outs_meta],
         output_dtypes=[t.onnx_dtype(m.dtype) for m in outs_meta], dirty_inputs=[j for _, j in notes.get("dirty", [])])
     attrs = {k: v for k, v in attrs.items() if v != []}  # ONNX cannot type an empty list

@@ -180,7 +180,8 @@ class GraphModule(torch.nn.Module):
         cache_dir = options()["cache_dir"].value
         path = ""
         if cache_dir:
-            path = os.path.join(cache_dir, f"{type(self.module).__name__}-{_cache.cache_key(self.module, schema, self.module.training)}.onnx")
+            key = _cache.cache_key(self.module, schema, self.module.training)
+            path = os.path.join(cache_dir, f"{type(self.module).__name__}-{key}.onnx")
             hit = _cache.load(path)
             if hit is not None:
                 captured, seconds = hit

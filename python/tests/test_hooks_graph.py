@@ -64,7 +64,8 @@ def test_same_files_order_and_values_as_eager(tmp_path):
         for name in a:
             assert a[name]["module"] == b[name]["module"]
             for stat in ("mean", "std", "min", "max"):
-                assert b[name][stat] == pytest.approx(a[name][stat], rel=1e-4, abs=1e-6, nan_ok=True), (step, name, stat)
+                expected = pytest.approx(a[name][stat], rel=1e-4, abs=1e-6, nan_ok=True)
+                assert b[name][stat] == expected, (step, name, stat)
 
 
 class Zero(SubscriberBase):
