@@ -15,20 +15,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import rss_kib  # noqa: E402
+from machine import median_ms, rss_kib  # noqa: E402
 from configs import CONFIGS, describe_models  # noqa: E402
 
 
 def worker(runtime: str, model: str, path: str, threads: int, iters: int) -> dict:
-    import numpy as np
-
     from models import example_inputs
 
     cfg = CONFIGS[model]
@@ -55,13 +52,7 @@ def worker(runtime: str, model: str, path: str, threads: int, iters: int) -> dic
         run = lambda: sess.run(None, feeds)  # noqa: E731
     for _ in range(3):
         run()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"median_ms": 1e3 * times[len(times) // 2], "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+    return {"median_ms": median_ms(lambda i: run(), iters), "peak_mib": (rss_kib("VmHWM") - base) / 1024}
 
 
 def main() -> int:

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
+from machine import median_ms  # noqa: E402
 
 RUNNERS = ["eager", "eager + stats", "GraphModule", "GraphModule + stats", "torch.compile"]
 MODELS = ["mlp", "gpt"]
@@ -60,13 +60,7 @@ def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
 
     for i in range(3):
         step(i)
-    times = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        step(i)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"median_ms": 1e3 * times[len(times) // 2], "modules": modules}
+    return {"median_ms": median_ms(step, iters), "modules": modules}
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import rss_kib  # noqa: E402
+from machine import median_ms, rss_kib  # noqa: E402
 from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
 
 
@@ -74,13 +74,7 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
     first = time.perf_counter() - t0
     for i in range(1, 3):
         step(i)
-    times = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        step(i)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"median_ms": 1e3 * times[len(times) // 2], "first_s": first,
+    return {"median_ms": median_ms(step, iters), "first_s": first,
             "peak_mib": (rss_kib("VmHWM") - base) / 1024}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -13,6 +15,17 @@ def rss_kib(field: str) -> int:
         if line.startswith(field):
             return int(line.split()[1])
     return 0
+
+
+def median_ms(run: Callable[[int], object], iters: int) -> float:
+    """Median wall time of run(i) for i in range(iters), in milliseconds."""
+    times = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        run(i)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
 
 
 def describe() -> str:

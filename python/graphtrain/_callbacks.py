@@ -131,7 +131,8 @@ def describe_structure(value: Any) -> tuple[list[torch.Tensor], dict]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse(info: str) -> dict:
+def parsed_info(info: str) -> dict:
+    """A callback node's `info` attribute, decoded once (the result is shared: read it only)."""
     d = json.loads(info)
     for part in ("value", "passive"):
         if part in d:
@@ -189,7 +190,7 @@ HOOK_KINDS: dict[str, HookHandler] = {}
 
 def _hook(attrs: dict, inputs: list[Any]) -> list[Any]:
     run = current_run()
-    info = _parse(attrs["info"])
+    info = parsed_info(attrs["info"])
     kind, path, p = attrs["kind"], attrs["module"], attrs["num_passive"]
     values = inputs[p:]
     proxies = list(values)

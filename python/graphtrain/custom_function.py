@@ -25,14 +25,13 @@ from typing import Any
 import torch
 
 from . import _aten, _C, _callbacks
+from ._capture import TORCH_TO_ONNX
 from ._options import options
 from .errors import GraphError, UnsupportedModelError
 
 InferShape = Callable[[dict, list[list[Any]], list[torch.dtype]], tuple[Sequence[Sequence[Any]], Sequence[torch.dtype]]]
 
-_ONNX_TO_TORCH = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64, 7: torch.int64,
-                  6: torch.int32, 3: torch.int8, 2: torch.uint8, 9: torch.bool}
-_TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()}
+_ONNX_TO_TORCH = {code: dtype for dtype, code in TORCH_TO_ONNX.items()}
 
 _functions: dict[str, type] = {}       # func_name -> Function class, from captures or imports
 _objects: dict[int, Any] = {}          # arguments of this process's captures that cannot be stored
@@ -86,9 +85,9 @@ def _engine_inferer(name: str, fn: InferShape) -> Callable:
         out_shapes, out_dtypes = result
         codes = []
         for d in out_dtypes:
-            if d not in _TORCH_TO_ONNX:
+            if d not in TORCH_TO_ONNX:
                 raise TypeError(f"output dtype {d!r} is not a torch dtype graphtrain holds")
-            codes.append(_TORCH_TO_ONNX[d])
+            codes.append(TORCH_TO_ONNX[d])
         return [list(s) for s in out_shapes], codes
 
     return call
@@ -140,10 +139,18 @@ def _storable(name: str, x: Any, capture_notes: dict) -> Any:
         return {"__object__": key}
 
 
-def _argument(x: Any) -> Any:
-    if isinstance(x, dict) and "__object__" in x:
-        return _objects[x["__object__"]]
-    return _callbacks.leaf_from_json(x)
+def _arguments(layout: list[Any], tensors: list[torch.Tensor]) -> list[Any]:
+    """A Function's positional arguments from their stored layout and the tensors in order."""
+    it = iter(tensors)
+    out = []
+    for a in layout:
+        if isinstance(a, dict) and "__tensor__" in a:
+            out.append(next(it))
+        elif isinstance(a, dict) and "__object__" in a:
+            out.append(_objects[a["__object__"]])
+        else:
+            out.append(_callbacks.leaf_from_json(a))
+    return out
 
 
 def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -214,10 +221,9 @@ torch.library.register_autograd("graphtrain::python_op", lambda ctx, grads: (Non
 
 def _fake_or_real(xs: list[torch.Tensor], func: str, info: str) -> list[torch.Tensor]:
     """Runs the Function's forward (on fake tensors while exporting) to learn its outputs."""
-    d = json.loads(info)
+    d = _callbacks.parsed_info(info)
     cls = _functions[func]
-    it = iter(xs)
-    args = [next(it) if isinstance(a, dict) and "__tensor__" in a else _argument(a) for a in d["arguments"]]
+    args = _arguments(d["arguments"], xs)
     versions = [x._version for x in xs]
     _local.inside = True
     try:
@@ -271,7 +277,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     xs, func, info = n.args
-    d = json.loads(info)
+    d = _callbacks.parsed_info(info)
     notes = _notes.pop(d["key"], {})  # what the fake run learned; not needed after translation
     if notes.get("uncacheable"):
         t.uncacheable = notes["uncacheable"]
@@ -299,7 +305,7 @@ def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
     run = _callbacks.current_run()
     name = attrs["func_name"]
     cls = resolve(name)
-    d = json.loads(attrs["info"])
+    d = _callbacks.parsed_info(attrs["info"])
     dirty = set(attrs.get("dirty_inputs", []))
     bases: list[torch.Tensor | None] = []
     proxies = []
@@ -315,9 +321,7 @@ def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
             # A dirtied input is modified in a copy: the engine's input keeps its value for
             # readers that ran before the Function in eager order; later readers read the output.
             proxies.append(base.clone() if j in dirty else base)
-        it = iter(proxies)
-        args = [next(it) if isinstance(a, dict) and "__tensor__" in a else _argument(a) for a in d["arguments"]]
-        out = cls.apply(*args)
+        out = cls.apply(*_arguments(d["arguments"], proxies))
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(outs) != len(attrs["output_ranks"]):
         raise GraphError(f"torch.autograd.Function '{name}' returned {len(outs)} outputs at run time, "
@@ -330,10 +334,9 @@ def _run_backward(attrs: dict, inputs: list[Any]) -> list[Any]:
     run = _callbacks.current_run()
     key = int(inputs[0])
     grads = inputs[1:]
-    n_in = len(attrs.get("input_dtypes", [])) or None
     entry = run.take(key) if key >= 0 else None
     if entry is None:
-        return [None] * (n_in or 0)
+        return [None] * len(attrs.get("input_dtypes", []))
     bases, outs = entry
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
     if pairs:

@@ -15,6 +15,7 @@ from ._capture import TENSOR, Captured, capture
 from ._options import options
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
+from .hooks import _subscriber
 from .hooks._subscriber import hook_signature
 from .log import log, log_once, refresh_rank
 
@@ -137,13 +138,18 @@ class GraphModule(torch.nn.Module):
         self._runners: dict[Any, _Runner] = {}
         self._eager = False
         self.captures = 0  # graphs captured with torch.export (cache hits do not count)
+        self._hooks: tuple[str, ...] = ()
+        self._hooks_generation = -1
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._eager:
             return self.module(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         schema = (spec, tuple(_describe(x) for x in flat))
-        hooks = hook_signature(self.module)
+        if self._hooks_generation != _subscriber.generation():  # not a module walk every call
+            self._hooks = hook_signature(self.module)
+            self._hooks_generation = _subscriber.generation()
+        hooks = self._hooks
         key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()), hooks)
         runner = self._runners.get(key)
         if runner is None:

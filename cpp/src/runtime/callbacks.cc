@@ -33,9 +33,7 @@ InfererRegistry& inferers() {
   return r;
 }
 
-bool is_callback_op_type(const std::string& op) {
-  return op == "Hook" || op == "HookGrad" || op == "PythonOp" || op == "PythonOpGrad";
-}
+constexpr const char* kCallbackOps[] = {"Hook", "HookGrad", "PythonOp", "PythonOpGrad"};
 
 void run_callback(KernelContext& ctx) {
   HostCallback fn;
@@ -67,8 +65,7 @@ void run_callback(KernelContext& ctx) {
 }
 
 const bool registered = [] {
-  for (const char* op : {"Hook", "HookGrad", "PythonOp", "PythonOpGrad"})
-    register_kernel(kGraphtrainDomain, op, {}, run_callback);
+  for (const char* op : kCallbackOps) register_kernel(kGraphtrainDomain, op, {}, run_callback);
   return true;
 }();
 
@@ -80,7 +77,10 @@ void set_host_callback(HostCallback fn) {
 }
 
 bool is_callback_op(const Node& node) {
-  return node.domain == kGraphtrainDomain && is_callback_op_type(node.op_type);
+  if (node.domain != kGraphtrainDomain) return false;
+  for (const char* op : kCallbackOps)
+    if (node.op_type == op) return true;
+  return false;
 }
 
 void register_python_op_inferer(const std::string& func_name, PythonOpInferer fn) {

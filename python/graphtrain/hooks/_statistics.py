@@ -127,14 +127,6 @@ class StatisticsSubscriber(SubscriberBase):
                     f.close()
         return files
 
-    def close(self) -> None:
-        """Closes the files kept open (they are flushed after every record)."""
-        with self._lock:
-            for files in self._open.values():
-                for f in files:
-                    f.close()
-            self._open.clear()
-
 
 def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
     """The records of a statistics.bin file: name -> field -> value (and "module" -> path). A last

@@ -112,6 +112,13 @@ class _Subscription:
 _subscriptions: weakref.WeakKeyDictionary[torch.nn.Module, list[_Subscription]] = weakref.WeakKeyDictionary()
 
 
+_generation = 0  # counts subscribe() calls: a cached hook_signature is valid while it is unchanged
+
+
+def generation() -> int:
+    return _generation
+
+
 def hook_signature(root: torch.nn.Module) -> tuple[str, ...]:
     """The subscribed modules under `root`: a graph captured with hooks is valid for these only."""
     return tuple(name for name, m in root.named_modules() if _subscriptions.get(m))
@@ -179,6 +186,8 @@ class SubscriberManager:
         for s in subscribers:
             if not isinstance(s, SubscriberBase):
                 raise TypeError(f"{type(s).__name__} is not a SubscriberBase")
+        global _generation
+        _generation += 1
         self._subscribers.extend(subscribers)
         for index, (name, sub) in enumerate(module.named_modules()):
             depth = 0 if name == "" else name.count(".") + 1
