@@ -34,6 +34,11 @@ struct GradientGraphs {
 // Throws GraphError naming the op and the input when an op on a gradient path has no rule.
 GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest& request);
 
+// An int64 attribute value (rules build attribute maps from int literals and booleans).
+inline Attribute int_attr(int64_t v) {
+  return Attribute::of(v);
+}
+
 // ---- gradient rules -----------------------------------------------------------------------------
 
 class GradientBuilder;
@@ -60,6 +65,9 @@ class GradientContext {
   }
   bool wants(size_t input) const { return input < wants_.size() && wants_[input]; }
   void set_grad(size_t input, Value* grad);
+  // Sets input i's gradient to `grad` reduced to the input's shape (undoes broadcasting), when
+  // the input wants one.
+  void set_grad_reduced(size_t input, Value* grad);
 
   // Emits a node in the gradient graph; returns its first output.
   Value* op(const std::string& op_type, const std::vector<Value*>& inputs,
@@ -86,6 +94,8 @@ class GradientContext {
 using GradientRule = std::function<void(GradientContext&)>;
 void register_gradient(const std::string& domain, const std::string& op_type, GradientRule rule);
 const GradientRule* find_gradient(const std::string& domain, const std::string& op_type);
+// Every op with a gradient rule, as "Op" (ONNX domain) or "domain::Op".
+std::vector<std::string> ops_with_gradient();
 
 // A copy of `graph` (values, nodes, attributes, types, initializers share tensor storage).
 Graph clone_graph(const Graph& graph);

@@ -8,6 +8,11 @@
 //   HookGrad(ctx, dy_p..dy_n-1) -> (dx_p..dx_n-1)
 //   PythonOp(x...) -> (y..., ctx)            a torch.autograd.Function kept opaque; `func_name` ...
 //   PythonOpGrad(ctx, dy...) -> (dx...)      calls the function's backward with the same context
+//   ATenOp(x...) -> (y..., ctx)              a PyTorch (ATen) op without a native kernel: `target`
+//                                            names it, `info` holds its non-tensor arguments,
+//                                            `output_shapes` / `output_dtypes` come from the
+//                                            capture
+//   ATenOpGrad(ctx, dy...) -> (dx...)        its gradient, through torch autograd
 //
 // `ctx` is an int64 scalar that the host maps to what its forward kept for the backward; the
 // gradient builder stashes it like any value the backward reads.
@@ -28,9 +33,16 @@ namespace graphtrain {
 using HostCallback =
     std::function<std::vector<Tensor>(const Node& node, const std::vector<Tensor>& inputs)>;
 
+// The callback ops, in graphtrain's domain.
+inline constexpr const char* kCallbackOps[] = {"Hook",         "HookGrad", "PythonOp",
+                                               "PythonOpGrad", "ATenOp",   "ATenOpGrad"};
+
 // Installs the host's callback (an empty function removes it). Running a callback node without
 // one throws an Error naming the node.
 void set_host_callback(HostCallback fn);
+
+// The installed host callback (an empty function when none is).
+HostCallback host_callback();
 
 // Callback ops have effects outside the graph: dead-code elimination keeps them.
 bool is_callback_op(const Node& node);

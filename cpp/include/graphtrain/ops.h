@@ -53,6 +53,8 @@ using ShapeInferer = std::function<void(InferenceContext&)>;
 // (custom ops and PythonOps register theirs at run time).
 void register_shape_inferer(const std::string& domain, const std::string& op_type, ShapeInferer fn);
 const ShapeInferer* find_shape_inferer(const std::string& domain, const std::string& op_type);
+// Every op with a shape inferer, as "Op" (ONNX domain) or "domain::Op".
+std::vector<std::string> ops_with_shape_inferer();
 
 // Infers every node's output types in topological order. Unknown ops and missing input types give
 // outputs of unknown shape (one DEVINFO line per op type); contradictions (a MatMul whose inner
@@ -64,6 +66,10 @@ void infer_shapes(Graph& graph);
 SymShape broadcast_shapes(const InferenceContext& ctx, const SymShape& a, const SymShape& b);
 // A negative axis counted from the end; throws through ctx when out of range.
 int64_t normalize_axis(const InferenceContext& ctx, int64_t axis, int64_t rank);
+// Output `out` gets the type of input `in` (unknown when the input is absent).
+void infer_like_input(InferenceContext& ctx, size_t out = 0, size_t in = 0);
+// Output `out` (float32) gets the shape held by the int64 input `in` (a Shape of some value).
+void infer_shape_from_values(InferenceContext& ctx, size_t out, size_t in);
 
 // ---- kernels ------------------------------------------------------------------------------------
 

@@ -105,6 +105,15 @@ const GradientRule* find_gradient(const std::string& domain, const std::string& 
   return it == r.rules.end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> ops_with_gradient() {
+  auto& r = rules();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [key, rule] : r.rules)
+    out.push_back(key.first.empty() ? key.second : key.first + "::" + key.second);
+  return out;
+}
+
 Graph clone_graph(const Graph& graph) {
   std::vector<Value*> inputs = graph.inputs();
   return extract(graph, graph.topological_order(), inputs, graph.outputs(), graph.name);
@@ -220,6 +229,10 @@ Value* GradientContext::constant_ints(const std::vector<int64_t>& values) {
   return op("Constant", {},
             {{"value", Attribute::of(Tensor::from_vector(
                            DType::kInt64, {static_cast<int64_t>(values.size())}, values))}});
+}
+
+void GradientContext::set_grad_reduced(size_t input, Value* grad) {
+  if (wants(input)) set_grad(input, reduce_to_shape(grad, node_.input(input)));
 }
 
 Value* GradientContext::shape_of(Value* v) {

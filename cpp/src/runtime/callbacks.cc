@@ -1,5 +1,5 @@
-// Callback nodes (see graphtrain/callback.h): the kernels that hand a node's inputs to the host
-// program and take its outputs back, and the PythonOp shape-inferer registry.
+// Callback nodes (see graphtrain/callback.h): the host program's function, and the PythonOp
+// shape-inferer registry. The kernel that calls the host is kernels/cpu/callbacks.cc.
 #include "graphtrain/callback.h"
 
 #include <map>
@@ -33,47 +33,16 @@ InfererRegistry& inferers() {
   return r;
 }
 
-constexpr const char* kCallbackOps[] = {"Hook", "HookGrad", "PythonOp", "PythonOpGrad"};
-
-void run_callback(KernelContext& ctx) {
-  HostCallback fn;
-  {
-    std::shared_lock lock(host().mutex);
-    fn = host().fn;
-  }
-  const Node& node = ctx.node();
-  if (!fn)
-    ctx.fail("this node calls back into Python (" + node.qualified_op() +
-             "), but no Python host is attached: run the graph from graphtrain's Python package");
-  std::vector<Tensor> inputs;
-  inputs.reserve(ctx.num_inputs());
-  for (size_t i = 0; i < ctx.num_inputs(); ++i)
-    inputs.push_back(ctx.has_input(i) ? ctx.input(i) : Tensor());
-  std::vector<Tensor> outputs = fn(node, inputs);
-  if (outputs.size() != ctx.num_outputs())
-    ctx.fail(str_cat("the Python callback returned ", outputs.size(), " tensors, the node has ",
-                     ctx.num_outputs(), " outputs"));
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].defined()) {
-      if (ctx.output_requested(i))
-        ctx.fail(str_cat("the Python callback returned no tensor for output ", i, " ('",
-                         node.output(i)->name(), "'), which the graph reads"));
-      continue;
-    }
-    ctx.set_output(i, std::move(outputs[i]));
-  }
-}
-
-const bool registered = [] {
-  for (const char* op : kCallbackOps) register_kernel(kGraphtrainDomain, op, {}, run_callback);
-  return true;
-}();
-
 }  // namespace
 
 void set_host_callback(HostCallback fn) {
   std::unique_lock lock(host().mutex);
   host().fn = std::move(fn);
+}
+
+HostCallback host_callback() {
+  std::shared_lock lock(host().mutex);
+  return host().fn;
 }
 
 bool is_callback_op(const Node& node) {

@@ -1,13 +1,9 @@
-// Shape inference: elementwise ops (unary, binary with broadcasting, Where, Cast, Dropout).
+// Shape inference: elementwise ops (unary, binary with broadcasting, Where, Cast) and the
+// gradient ops of activations.
 #include "graphtrain/ops.h"
 
 namespace graphtrain {
 namespace {
-
-void same_as_input(InferenceContext& ctx) {
-  const SymShape* s = ctx.input_shape(0);
-  ctx.set_output(0, ctx.input_dtype(0), s ? std::optional<SymShape>(*s) : std::nullopt);
-}
 
 std::optional<SymShape> broadcast_inputs(InferenceContext& ctx, size_t first, size_t count) {
   std::optional<SymShape> out;
@@ -57,11 +53,12 @@ void binary(InferenceContext& ctx, DType out_dtype, char value_op) {
 
 const bool registered = [] {
   for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
-                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Softmax", "LogSoftmax"})
-    register_shape_inferer("", op, same_as_input);
-  register_shape_inferer(kGraphtrainDomain, "StopGradient", same_as_input);
+                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not"})
+    register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
+  register_shape_inferer(kGraphtrainDomain, "StopGradient",
+                         [](InferenceContext& ctx) { infer_like_input(ctx); });
   register_shape_inferer("", "Identity", [](InferenceContext& ctx) {
-    same_as_input(ctx);
+    infer_like_input(ctx);
     if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
   });
   register_shape_inferer("", "Add",
@@ -89,11 +86,12 @@ const bool registered = [] {
     if (is_integer(dtype))
       if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
   });
-  register_shape_inferer("", "Dropout", [](InferenceContext& ctx) {
+  for (const char* op : {"ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad", "GeluGrad"})
+    register_shape_inferer(kGraphtrainDomain, op,
+                           [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
+  register_shape_inferer("", "Sign", [](InferenceContext& ctx) {
     const SymShape* s = ctx.input_shape(0);
-    std::optional<SymShape> shape = s ? std::optional<SymShape>(*s) : std::nullopt;
-    ctx.set_output(0, ctx.input_dtype(0), shape);
-    ctx.set_output(1, DType::kBool, shape);
+    ctx.set_output(0, ctx.input_dtype(0), s ? std::optional<SymShape>(*s) : std::nullopt);
   });
   return true;
 }();

@@ -94,6 +94,15 @@ const ShapeInferer* find_shape_inferer(const std::string& domain, const std::str
   return it == r.inferers.end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> ops_with_shape_inferer() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [key, fn] : r.inferers)
+    out.push_back(key.first.empty() ? key.second : key.first + "::" + key.second);
+  return out;
+}
+
 void infer_shapes(Graph& graph) {
   std::set<std::string> unknown_reported;
   for (Node* node : graph.topological_order()) {
@@ -149,6 +158,18 @@ int64_t normalize_axis(const InferenceContext& ctx, int64_t axis, int64_t rank) 
   if (axis < -rank || axis >= rank)
     ctx.fail("axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
   return axis < 0 ? axis + rank : axis;
+}
+
+void infer_like_input(InferenceContext& ctx, size_t out, size_t in) {
+  if (!ctx.has_input(in)) return ctx.set_output(out, DType::kFloat32, std::nullopt);
+  const SymShape* s = ctx.input_shape(in);
+  ctx.set_output(out, ctx.input_dtype(in), s ? std::optional<SymShape>(*s) : std::nullopt);
+}
+
+void infer_shape_from_values(InferenceContext& ctx, size_t out, size_t in) {
+  const auto* v = ctx.input_values(in);
+  ctx.set_output(out, DType::kFloat32,
+                 v ? std::optional<SymShape>(SymShape(v->begin(), v->end())) : std::nullopt);
 }
 
 }  // namespace graphtrain

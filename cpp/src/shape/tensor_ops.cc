@@ -393,6 +393,9 @@ const bool registered = [] {
   register_shape_inferer("", "Trilu", [](InferenceContext& ctx) {
     ctx.set_output(0, ctx.input_dtype(0), shape_or_none(ctx.input_shape(0)));
   });
+  for (const char* op : {"GatherGrad", "SliceGrad"})
+    register_shape_inferer(kGraphtrainDomain, op,
+                           [](InferenceContext& ctx) { infer_shape_from_values(ctx, 0, 1); });
   return true;
 }();
 

@@ -11,6 +11,10 @@
 
 namespace graphtrain::cpu {
 
+// The graphtrain domain (gradient and fused kernels) and the element type most kernels handle.
+inline constexpr const char* GT = kGraphtrainDomain;
+inline constexpr DType F32 = DType::kFloat32;
+
 // Elements per parallel chunk below which splitting does not pay.
 inline constexpr int64_t kGrain = 1 << 15;
 
@@ -139,6 +143,12 @@ inline int64_t axis_of(const KernelContext& ctx, int64_t axis, int64_t rank) {
   if (axis < -rank || axis >= rank)
     ctx.fail(str_cat("axis ", axis, " is out of range for rank ", rank));
   return axis < 0 ? axis + rank : axis;
+}
+
+// The int64 input i read as a shape (a Shape of some forward value, for gradient kernels).
+inline Shape shape_input(const KernelContext& ctx, size_t i) {
+  std::vector<int64_t> v = ctx.input(i).to_int64_vector();
+  return Shape(v.begin(), v.end());
 }
 
 // Row-major element strides of a contiguous tensor of shape `s`.

@@ -1,5 +1,5 @@
 // CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) by im2col + GEMM, MaxPool,
-// AveragePool and GlobalAveragePool.
+// AveragePool and GlobalAveragePool, and their gradients.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -397,6 +397,33 @@ void global_average_pool(KernelContext& ctx) {
   });
 }
 
+void max_pool_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  std::vector<int64_t> idx = ctx.input(1).to_int64_vector();
+  Shape xs = shape_input(ctx, 2);
+  Tensor& dx = ctx.allocate_output(0, F32, xs);
+  std::memset(dx.raw_data(), 0, dx.nbytes());
+  const float* g = dy.data<float>();
+  float* o = dx.data<float>();
+  int64_t total = dx.numel();
+  for (size_t i = 0; i < idx.size(); ++i)
+    if (idx[i] >= 0 && idx[i] < total) o[idx[i]] += g[i];
+}
+
+void global_average_pool_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  Shape xs = shape_input(ctx, 1);
+  Tensor& dx = ctx.allocate_output(0, F32, xs);
+  int64_t planes = xs[0] * xs[1];
+  int64_t spatial = planes ? shape_numel(xs) / planes : 0;
+  const float* g = dy.data<float>();
+  float* o = dx.data<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    float v = g[p] / static_cast<float>(spatial);
+    std::fill(o + p * spatial, o + (p + 1) * spatial, v);
+  }
+}
+
 const bool registered = [] {
   register_kernel("", "Conv", {DType::kFloat32}, conv);
   register_kernel("", "MaxPool", {DType::kFloat32}, max_pool);
@@ -404,6 +431,8 @@ const bool registered = [] {
   register_kernel("", "GlobalAveragePool", {DType::kFloat32}, global_average_pool);
   register_kernel(kGraphtrainDomain, "ConvGrad", {DType::kFloat32}, conv_grad);
   register_kernel(kGraphtrainDomain, "AveragePoolGrad", {DType::kFloat32}, average_pool_grad);
+  register_kernel(GT, "MaxPoolGrad", {F32}, max_pool_grad);
+  register_kernel(GT, "GlobalAveragePoolGrad", {F32}, global_average_pool_grad);
   return true;
 }();
 

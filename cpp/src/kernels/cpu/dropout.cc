@@ -1,5 +1,6 @@
-// CPU kernel: Dropout. The mask comes from a counter-based generator (a hash of seed, call number
-// and element index), so it does not depend on how the work is split across threads.
+// CPU kernels: Dropout and DropoutGrad. The mask comes from a counter-based generator (a hash of
+// seed, call number and element index), so it does not depend on how the work is split across
+// threads.
 #include <atomic>
 #include <random>
 
@@ -64,10 +65,30 @@ class DropoutKernel : public OpKernel {
   uint64_t calls_ = 0;
 };
 
+void dropout_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& mask = ctx.input(1);
+  float ratio = ctx.has_input(2) ? ctx.input(2).data<float>()[0] : 0.5f;
+  bool training = ctx.has_input(3) && ctx.input(3).data<bool>()[0];
+  if (!training || ratio == 0.0f) {
+    ctx.set_output(0, dy);
+    return;
+  }
+  float scale = ratio < 1.0f ? 1.0f / (1.0f - ratio) : 0.0f;
+  Tensor& dx = ctx.allocate_output(0, F32, dy.shape());
+  const float* g = dy.data<float>();
+  const bool* m = mask.data<bool>();
+  float* o = dx.data<float>();
+  parallel_for(ctx, dy.numel(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) o[i] = m[i] ? g[i] * scale : 0.0f;
+  });
+}
+
 const bool registered = [] {
   register_kernel(KernelDef{"", "Dropout", {DType::kFloat32}, [](const Node& n) {
                               return std::make_unique<DropoutKernel>(n);
                             }});
+  register_kernel(GT, "DropoutGrad", {F32}, dropout_grad);
   return true;
 }();
 

@@ -1,4 +1,5 @@
-// CPU kernels: unary math, binary arithmetic and comparison with broadcasting, Where, Cast, Not.
+// CPU kernels: unary math, binary arithmetic and comparison with broadcasting, Where, Cast, Not,
+// and the gradient kernels of the activations.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -9,7 +10,6 @@
 namespace graphtrain::cpu {
 namespace {
 
-constexpr DType F32 = DType::kFloat32;
 constexpr DType I64 = DType::kInt64;
 constexpr DType I32 = DType::kInt32;
 constexpr DType BOOL = DType::kBool;
@@ -264,6 +264,23 @@ const auto gelu_tanh = [](auto x) {
   return 0.5f * x * (1.0f + vec::tanh(k * (x + 0.044715f * x * x * x)));
 };
 
+// Elementwise dX = f(dY, A) over same-shaped inputs.
+template <typename F>
+void binary_same(KernelContext& ctx, F f) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& a = ctx.input(1);
+  if (dy.shape() != a.shape()) ctx.fail("inputs must have the same shape");
+  Tensor& dx = ctx.allocate_output(0, F32, dy.shape());
+  const float* g = dy.data<float>();
+  const float* pa = a.data<float>();
+  float* o = dx.data<float>();
+  parallel_for(ctx, dy.numel(), 4, [&](int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) vec::store(o + i, f(vec::load(g + i), vec::load(pa + i)));
+    for (; i < hi; ++i) o[i] = f(g[i], pa[i]);
+  });
+}
+
 const bool registered = [] {
   register_kernel("", "Add", {F32, I64, I32}, binary_op<AddOp, false>);
   register_kernel("", "Sub", {F32, I64, I32}, binary_op<SubOp, false>);
@@ -340,6 +357,34 @@ const bool registered = [] {
                   [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
   register_kernel("", "Sign", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 1, [](float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == x ? 0.0f : x)); });
+  });
+  register_kernel(GT, "ReluGrad", {F32}, [](KernelContext& ctx) {
+    binary_same(ctx, [](auto g, auto y) { return y > 0.0f ? g : decltype(g){}; });
+  });
+  register_kernel(GT, "SigmoidGrad", {F32}, [](KernelContext& ctx) {
+    binary_same(ctx, [](auto g, auto y) { return g * y * (1.0f - y); });
+  });
+  register_kernel(GT, "TanhGrad", {F32}, [](KernelContext& ctx) {
+    binary_same(ctx, [](auto g, auto y) { return g * (1.0f - y * y); });
+  });
+  register_kernel(GT, "LeakyReluGrad", {F32}, [](KernelContext& ctx) {
+    float alpha = ctx.node().attr_float("alpha", 0.01f);
+    binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
+  });
+  register_kernel(GT, "GeluGrad", {F32}, [](KernelContext& ctx) {
+    if (ctx.node().attr_string("approximate", "none") == "tanh") {
+      binary_same(ctx, [](auto g, auto x) {
+        const float k = 0.79788456080286536f, c = 0.044715f;
+        auto t = vec::tanh(k * (x + c * x * x * x));
+        return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x));
+      });
+    } else {
+      binary_same(ctx, [](auto g, auto x) {
+        auto cdf = 0.5f * (1.0f + vec::erf(x * 0.70710678118654752f));
+        auto pdf = vec::exp(-0.5f * x * x) * 0.39894228040143268f;
+        return g * (cdf + x * pdf);
+      });
+    }
   });
   return true;
 }();

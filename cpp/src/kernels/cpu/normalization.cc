@@ -1,4 +1,5 @@
-// CPU kernels: LayerNormalization and BatchNormalization (inference and training mode).
+// CPU kernels: LayerNormalization and BatchNormalization (inference and training mode) and their
+// gradients.
 #include <cmath>
 
 #include "kernels/cpu/common.h"
@@ -125,10 +126,136 @@ void batch_norm(KernelContext& ctx) {
   });
 }
 
+void layer_norm_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& scale = ctx.input(2);
+  const Tensor& mean = ctx.input(3);
+  const Tensor& inv = ctx.input(4);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), rank);
+  int64_t cols = 1;
+  for (int64_t i = axis; i < rank; ++i) cols *= x.dim(static_cast<size_t>(i));
+  int64_t rows = cols ? x.numel() / cols : 0;
+  const float* g = dy.data<float>();
+  const float* px = x.data<float>();
+  const float* w = scale.data<float>();
+  const float* pm = mean.data<float>();
+  const float* pi = inv.data<float>();
+  float* dx =
+      ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
+  int threads = ctx.pool().num_threads();
+  // Per-thread partial sums for dScale and dBias, added in thread order (deterministic).
+  std::vector<std::vector<double>> dw(static_cast<size_t>(threads),
+                                      std::vector<double>(static_cast<size_t>(cols), 0.0));
+  std::vector<std::vector<double>> db = dw;
+  int64_t chunk = (rows + threads - 1) / std::max(threads, 1);
+  ctx.pool().parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      auto& dwt = dw[static_cast<size_t>(t)];
+      auto& dbt = db[static_cast<size_t>(t)];
+      for (int64_t r = t * chunk; r < std::min(rows, (t + 1) * chunk); ++r) {
+        const float* gr = g + r * cols;
+        const float* xr = px + r * cols;
+        float mu = pm[r], iv = pi[r];
+        float sum_d = 0, sum_dx = 0;
+        for (int64_t i = 0; i < cols; ++i) {
+          float xh = (xr[i] - mu) * iv;
+          float d = gr[i] * w[i];
+          sum_d += d;
+          sum_dx += d * xh;
+          dwt[static_cast<size_t>(i)] += gr[i] * xh;
+          dbt[static_cast<size_t>(i)] += gr[i];
+        }
+        if (dx) {
+          float inv_n = 1.0f / static_cast<float>(cols);
+          for (int64_t i = 0; i < cols; ++i) {
+            float xh = (xr[i] - mu) * iv;
+            dx[r * cols + i] = iv * (gr[i] * w[i] - inv_n * (sum_d + xh * sum_dx));
+          }
+        }
+      }
+    }
+  });
+  for (size_t out = 1; out <= 2; ++out) {
+    if (!ctx.output_requested(out)) continue;
+    float* p = ctx.allocate_output(out, F32, scale.shape()).data<float>();
+    auto& parts = out == 1 ? dw : db;
+    for (int64_t i = 0; i < cols; ++i) {
+      double s = 0;
+      for (auto& part : parts) s += part[static_cast<size_t>(i)];
+      p[i] = static_cast<float>(s);
+    }
+  }
+}
+
+void batch_norm_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const float* scale = ctx.input(2).data<float>();
+  const float* run_mean = ctx.input(3).data<float>();
+  const float* run_var = ctx.input(4).data<float>();
+  float eps = ctx.node().attr_float("epsilon", 1e-5f);
+  bool training = ctx.node().attr_int("training_mode", 0) != 0;
+  int64_t n = x.dim(0), c = x.dim(1);
+  int64_t spatial = n * c != 0 ? x.numel() / (n * c) : 0;
+  double count = static_cast<double>(n * spatial);
+  const float* g = dy.data<float>();
+  const float* px = x.data<float>();
+  float* dx =
+      ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
+  float* dscale = ctx.output_requested(1)
+                      ? ctx.allocate_output(1, F32, ctx.input(2).shape()).data<float>()
+                      : nullptr;
+  float* dbias = ctx.output_requested(2)
+                     ? ctx.allocate_output(2, F32, ctx.input(2).shape()).data<float>()
+                     : nullptr;
+  ctx.pool().parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t ch = lo; ch < hi; ++ch) {
+      double mu = run_mean[ch], var = run_var[ch];
+      if (training) {
+        double s = 0, sq = 0;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t k = 0; k < spatial; ++k) s += px[(i * c + ch) * spatial + k];
+        mu = s / count;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t k = 0; k < spatial; ++k) {
+            double d = px[(i * c + ch) * spatial + k] - mu;
+            sq += d * d;
+          }
+        var = sq / count;
+      }
+      double inv = 1.0 / std::sqrt(var + eps);
+      double sum_g = 0, sum_gx = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < spatial; ++k) {
+          int64_t at = (i * c + ch) * spatial + k;
+          sum_g += g[at];
+          sum_gx += g[at] * (px[at] - mu) * inv;
+        }
+      if (dscale) dscale[ch] = static_cast<float>(sum_gx);
+      if (dbias) dbias[ch] = static_cast<float>(sum_g);
+      if (!dx) continue;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < spatial; ++k) {
+          int64_t at = (i * c + ch) * spatial + k;
+          double v = g[at];
+          if (training) {
+            double xh = (px[at] - mu) * inv;
+            v = v - sum_g / count - xh * sum_gx / count;
+          }
+          dx[at] = static_cast<float>(scale[ch] * inv * v);
+        }
+    }
+  });
+}
+
 const bool registered = [] {
   register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm);
   register_kernel("", "BatchNormalization", {DType::kFloat32}, batch_norm);
   register_kernel(kGraphtrainDomain, "BatchNormalization", {DType::kFloat32}, batch_norm);
+  register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad);
+  register_kernel(GT, "BatchNormalizationGrad", {F32}, batch_norm_grad);
   return true;
 }();
 

@@ -1,4 +1,5 @@
-// CPU kernels: ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes.
+// CPU kernels: ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes; ReduceGrad and
+// SumToShape.
 #include <cmath>
 #include <limits>
 
@@ -100,11 +101,89 @@ void reduce(KernelContext& ctx) {
   });
 }
 
+// SumToShape(grad, shape): sums grad over the axes that broadcasting added or stretched.
+void sum_to_shape(KernelContext& ctx) {
+  const Tensor& g = ctx.input(0);
+  Shape target = shape_input(ctx, 1);
+  if (g.shape() == target) {
+    ctx.set_output(0, g);
+    return;
+  }
+  size_t r = g.rank(), k = target.size();
+  if (k > r) ctx.fail(str_cat("cannot reduce ", g.shape(), " to ", target));
+  // Output index i of the target corresponds to axis i + (r - k) of g.
+  Tensor& out = ctx.allocate_output(0, F32, target);
+  std::memset(out.raw_data(), 0, out.nbytes());
+  std::vector<int64_t> out_strides(r, 0);
+  int64_t st = 1;
+  for (size_t i = k; i-- > 0;) {
+    int64_t gd = g.dim(i + r - k);
+    if (target[i] != gd && target[i] != 1)
+      ctx.fail(str_cat("cannot reduce ", g.shape(), " to ", target));
+    out_strides[i + r - k] = target[i] == 1 ? 0 : st;
+    st *= target[i];
+  }
+  const float* pg = g.data<float>();
+  float* po = out.data<float>();
+  int64_t n = g.numel();
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    po[off] += pg[e];
+    for (size_t d = r; d-- > 0;) {
+      off += out_strides[d];
+      if (++idx[d] < g.dim(d)) break;
+      off -= out_strides[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// dY with the reduced axes restored, as a tensor of X's shape (divided by the count for a mean).
+void reduce_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  Shape xs = shape_input(ctx, 1);
+  int64_t rank = static_cast<int64_t>(xs.size());
+  std::vector<int64_t> axes =
+      ctx.has_input(2) ? ctx.input(2).to_int64_vector() : std::vector<int64_t>{};
+  bool noop = ctx.node().attr_int("noop_with_empty_axes", 0) != 0;
+  bool mean = ctx.node().attr_int("mean", 0) != 0;
+  Tensor& dx = ctx.allocate_output(0, F32, xs);
+  if (axes.empty() && noop) {
+    std::memcpy(dx.raw_data(), dy.raw_data(), dx.nbytes());
+    return;
+  }
+  std::vector<bool> reduced(xs.size(), axes.empty());
+  for (int64_t a : axes) reduced[static_cast<size_t>(axis_of(ctx, a, rank))] = true;
+  // dY viewed with keepdims: stride 0 on reduced axes.
+  std::vector<int64_t> strides(xs.size(), 0);
+  int64_t st = 1, count = 1;
+  for (size_t i = xs.size(); i-- > 0;) {
+    if (reduced[i]) {
+      count *= xs[i];
+      continue;
+    }
+    strides[i] = st;
+    st *= xs[i];
+  }
+  if (st != dy.numel())
+    ctx.fail(str_cat("gradient of ", dy.numel(), " elements does not match ", xs));
+  float scale = mean && count ? 1.0f / static_cast<float>(count) : 1.0f;
+  Tensor tmp = dy;
+  copy_strided(ctx, tmp, xs, strides, 0, dx);
+  if (scale != 1.0f) {
+    float* p = dx.data<float>();
+    for (int64_t i = 0; i < dx.numel(); ++i) p[i] *= scale;
+  }
+}
+
 const bool registered = [] {
   register_kernel("", "ReduceSum", {DType::kFloat32}, reduce<Kind::kSum>);
   register_kernel("", "ReduceMean", {DType::kFloat32}, reduce<Kind::kMean>);
   register_kernel("", "ReduceMax", {DType::kFloat32}, reduce<Kind::kMax>);
   register_kernel("", "ReduceMin", {DType::kFloat32}, reduce<Kind::kMin>);
+  register_kernel(GT, "SumToShape", {F32}, sum_to_shape);
+  register_kernel(GT, "ReduceGrad", {F32}, reduce_grad);
   return true;
 }();
 

@@ -1,4 +1,4 @@
-// CPU kernels: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss.
+// CPU kernels: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss, and their gradients.
 #include <cmath>
 #include <limits>
 
@@ -129,10 +129,91 @@ void softmax_cross_entropy(KernelContext& ctx) {
     ctx.fail("reduction must be none, sum or mean, not '" + reduction + "'");
 }
 
+template <bool kLog>
+void softmax_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& y = ctx.input(1);
+  int64_t rank = static_cast<int64_t>(y.rank());
+  Tensor& dx = ctx.allocate_output(0, F32, y.shape());
+  if (y.numel() == 0) return;
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), rank);
+  int64_t n = y.dim(static_cast<size_t>(axis)), inner = 1;
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= y.dim(static_cast<size_t>(i));
+  const float* g = dy.data<float>();
+  const float* py = y.data<float>();
+  float* o = dx.data<float>();
+  parallel_for(ctx, y.numel() / n, n * 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t l = lo; l < hi; ++l) {
+      int64_t base = (l / inner) * n * inner + l % inner;
+      float dot = 0;
+      for (int64_t i = 0; i < n; ++i)
+        dot += kLog ? g[base + i * inner] : g[base + i * inner] * py[base + i * inner];
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t k = base + i * inner;
+        o[k] = kLog ? g[k] - vec::exp(py[k]) * dot : py[k] * (g[k] - dot);
+      }
+    }
+  });
+}
+
+void sce_grad(KernelContext& ctx) {
+  const Tensor& dloss = ctx.input(0);
+  const Tensor& logp = ctx.input(1);
+  std::vector<int64_t> labels = ctx.input(2).to_int64_vector();
+  const float* w = ctx.has_input(3) ? ctx.input(3).data<float>() : nullptr;
+  std::string reduction = ctx.node().attr_string("reduction", "mean");
+  bool has_ignore = ctx.node().has_attr("ignore_index");
+  int64_t ignore = ctx.node().attr_int("ignore_index", 0);
+  int64_t n = logp.dim(0), c = logp.dim(1);
+  int64_t spatial = n * c != 0 ? logp.numel() / (n * c) : 0;
+  double weight_sum = 0;
+  for (int64_t label : labels)
+    if (!(has_ignore && label == ignore) && label >= 0 && label < c)
+      weight_sum += w ? w[label] : 1.0;
+  Tensor& dx = ctx.allocate_output(0, F32, logp.shape());
+  const float* lp = logp.data<float>();
+  const float* dl = dloss.data<float>();
+  float* o = dx.data<float>();
+  parallel_for(ctx, n * spatial, c * 2, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      int64_t i = item / spatial, s = item % spatial;
+      int64_t label = labels[static_cast<size_t>(item)];
+      bool skip = (has_ignore && label == ignore) || label < 0 || label >= c;
+      float coef = 0;
+      if (!skip) {
+        float wl = w ? w[label] : 1.0f;
+        if (reduction == "none")
+          coef = wl * dl[item];
+        else if (reduction == "sum")
+          coef = wl * dl[0];
+        else
+          coef = static_cast<float>(wl * dl[0] / weight_sum);
+      }
+      if (spatial == 1) {  // contiguous classes: vectorized
+        float* row = o + i * c;
+        if (skip) {
+          std::fill(row, row + c, 0.0f);
+        } else {
+          vec::map(lp + i * c, row, c, [coef](auto v) { return coef * vec::exp(v); });
+          row[label] -= coef;
+        }
+        continue;
+      }
+      for (int64_t k = 0; k < c; ++k) {
+        int64_t at = (i * c + k) * spatial + s;
+        o[at] = skip ? 0.0f : coef * (vec::exp(lp[at]) - (k == label ? 1.0f : 0.0f));
+      }
+    }
+  });
+}
+
 const bool registered = [] {
   register_kernel("", "Softmax", {DType::kFloat32}, softmax<false>);
   register_kernel("", "LogSoftmax", {DType::kFloat32}, softmax<true>);
   register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy);
+  register_kernel(GT, "SoftmaxGrad", {F32}, softmax_grad<false>);
+  register_kernel(GT, "LogSoftmaxGrad", {F32}, softmax_grad<true>);
+  register_kernel(GT, "SoftmaxCrossEntropyLossGrad", {F32}, sce_grad);
   return true;
 }();
 

@@ -1,4 +1,4 @@
-// CPU kernels: ops that reshape, move, select or create data.
+// CPU kernels: ops that reshape, move, select or create data; GatherGrad and SliceGrad.
 #include <cmath>
 #include <cstring>
 
@@ -387,6 +387,76 @@ void range(KernelContext& ctx) {
   }
 }
 
+void gather_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  Shape data_shape = shape_input(ctx, 1);
+  std::vector<int64_t> indices = ctx.input(2).to_int64_vector();
+  int64_t rank = static_cast<int64_t>(data_shape.size());
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  Tensor& dx = ctx.allocate_output(0, F32, data_shape);
+  std::memset(dx.raw_data(), 0, dx.nbytes());
+  int64_t outer = 1, inner = 1, n = data_shape[static_cast<size_t>(axis)];
+  for (int64_t i = 0; i < axis; ++i) outer *= data_shape[static_cast<size_t>(i)];
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= data_shape[static_cast<size_t>(i)];
+  int64_t k = static_cast<int64_t>(indices.size());
+  const float* g = dy.data<float>();
+  float* o = dx.data<float>();
+  // Parallel over the inner dim blocks: each thread owns columns, so the scatter-add has no races
+  // and every element sums its contributions in index order (deterministic).
+  parallel_for(ctx, inner, outer * k, [&](int64_t c0, int64_t c1) {
+    for (int64_t ob = 0; ob < outer; ++ob)
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t idx = indices[static_cast<size_t>(j)];
+        if (idx < 0) idx += n;
+        if (idx < 0 || idx >= n) continue;
+        const float* src = g + (ob * k + j) * inner;
+        float* dst = o + (ob * n + idx) * inner;
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
+  });
+}
+
+void slice_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  Shape xs = shape_input(ctx, 1);
+  std::vector<int64_t> starts = ctx.input(2).to_int64_vector(),
+                       ends = ctx.input(3).to_int64_vector();
+  std::vector<int64_t> axes, steps;
+  if (ctx.has_input(4)) axes = ctx.input(4).to_int64_vector();
+  if (ctx.has_input(5)) steps = ctx.input(5).to_int64_vector();
+  int64_t rank = static_cast<int64_t>(xs.size());
+  std::vector<int64_t> start(xs.size(), 0), step(xs.size(), 1);
+  for (size_t k = 0; k < starts.size(); ++k) {
+    int64_t a = axes.empty() ? static_cast<int64_t>(k) : axis_of(ctx, axes[k], rank);
+    int64_t st = steps.empty() ? 1 : steps[k];
+    start[static_cast<size_t>(a)] =
+        slice_axis(xs[static_cast<size_t>(a)], starts[k], ends[k], st).start;
+    step[static_cast<size_t>(a)] = st;
+  }
+  Tensor& dx = ctx.allocate_output(0, F32, xs);
+  std::memset(dx.raw_data(), 0, dx.nbytes());
+  std::vector<int64_t> xstr = contiguous_strides(xs);
+  int64_t base = 0;
+  std::vector<int64_t> strides(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    base += start[i] * xstr[i];
+    strides[i] = xstr[i] * step[i];
+  }
+  const float* g = dy.data<float>();
+  float* o = dx.data<float>();
+  std::vector<int64_t> idx(dy.rank(), 0);
+  int64_t off = base;
+  for (int64_t e = 0; e < dy.numel(); ++e) {
+    o[off] = g[e];
+    for (size_t d = dy.rank(); d-- > 0;) {
+      off += strides[d];
+      if (++idx[d] < dy.dim(d)) break;
+      off -= strides[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 const bool registered = [] {
   register_kernel("", "Reshape", {}, reshape);
   register_kernel("", "Flatten", {}, flatten);
@@ -404,6 +474,8 @@ const bool registered = [] {
   register_kernel("", "Range", {DType::kFloat32, DType::kInt64, DType::kInt32}, range);
   register_kernel(KernelDef{
       "", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
+  register_kernel(GT, "GatherGrad", {F32}, gather_grad);
+  register_kernel(GT, "SliceGrad", {F32}, slice_grad);
   return true;
 }();
 

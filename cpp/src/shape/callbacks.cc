@@ -1,9 +1,10 @@
 // Shape inference of the callback ops (graphtrain/callback.h): Hook passes its tensors through;
 // PythonOp asks the inferer registered for its function, else gives fresh dims of the declared
-// rank.
+// rank; ATenOp has the shapes the capture recorded.
 #include <exception>
 #include <mutex>
 #include <set>
+#include <string_view>
 
 #include "graphtrain/callback.h"
 #include "graphtrain/error.h"
@@ -99,6 +100,44 @@ void python_op(InferenceContext& ctx) {
   set_ctx_output(ctx);
 }
 
+// ATenOp: the output shapes torch.export recorded, one string per output with its dims separated
+// by ";" ("s0;64;2*s1"), in the symbols of the graph's inputs; "?" for a dim nothing is known of.
+void aten_op(InferenceContext& ctx) {
+  const Node& node = ctx.node();
+  std::string target = node.attr_string("target", "");
+  std::vector<std::string> shapes;
+  if (node.has_attr("output_shapes"))
+    shapes = node.attr(std::string("output_shapes"), Attribute::Kind::kStrings).strings;
+  std::vector<int64_t> dtypes = node.attr_ints("output_dtypes");
+  if (shapes.size() != dtypes.size() || ctx.num_outputs() != shapes.size() + 1)
+    ctx.fail(str_cat("ATenOp '", target, "' declares ", shapes.size(), " output shapes and ",
+                     dtypes.size(), " output dtypes for ", ctx.num_outputs() - 1,
+                     " outputs (plus its context)"));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SymShape shape;
+    std::string_view rest = shapes[i];
+    while (!rest.empty()) {
+      size_t cut = rest.find(';');
+      std::string_view dim = rest.substr(0, cut);
+      shape.push_back(dim == "?" ? SymDim::fresh("aten") : SymDim::parse(dim));
+      rest = cut == std::string_view::npos ? std::string_view() : rest.substr(cut + 1);
+    }
+    ctx.set_output(i, from_onnx(static_cast<int>(dtypes[i])), shape);
+  }
+  set_ctx_output(ctx);
+}
+
+// PythonOpGrad / ATenOpGrad(ctx, dy...) -> dx...: the gradient builder gives each output its
+// forward input's type; a graph read back from a file knows the dtypes.
+void grad_through_host(InferenceContext& ctx) {
+  std::vector<int64_t> dtypes = ctx.node().attr_ints("input_dtypes");
+  for (size_t i = 0; i < ctx.num_outputs() && i < dtypes.size(); ++i) {
+    const Value* v = ctx.node().output(i);
+    if (v && v->type.dtype == DType::kUndefined)
+      ctx.set_output(i, from_onnx(static_cast<int>(dtypes[i])), std::nullopt);
+  }
+}
+
 const bool registered = [] {
   register_shape_inferer(GT, "Hook", hook);
   // HookGrad(ctx, dy...) -> dx...: each gradient has its forward tensor's type.
@@ -106,16 +145,9 @@ const bool registered = [] {
     for (size_t i = 0; i < ctx.num_outputs(); ++i) copy_input_type(ctx, i, i + 1);
   });
   register_shape_inferer(GT, "PythonOp", python_op);
-  // PythonOpGrad(ctx, dy...) -> dx...: the gradient builder gives each output its forward
-  // input's type; a graph read back from a file knows the dtypes.
-  register_shape_inferer(GT, "PythonOpGrad", [](InferenceContext& ctx) {
-    std::vector<int64_t> dtypes = ctx.node().attr_ints("input_dtypes");
-    for (size_t i = 0; i < ctx.num_outputs() && i < dtypes.size(); ++i) {
-      const Value* v = ctx.node().output(i);
-      if (v && v->type.dtype == DType::kUndefined)
-        ctx.set_output(i, from_onnx(static_cast<int>(dtypes[i])), std::nullopt);
-    }
-  });
+  register_shape_inferer(GT, "PythonOpGrad", grad_through_host);
+  register_shape_inferer(GT, "ATenOp", aten_op);
+  register_shape_inferer(GT, "ATenOpGrad", grad_through_host);
   return true;
 }();
 

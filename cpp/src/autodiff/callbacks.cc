@@ -42,6 +42,12 @@ const bool registered = [] {
       attributes["input_dtypes"] = Attribute::of(n.attr_ints("input_dtypes"));
     through_host(c, "PythonOpGrad", 0, std::move(attributes));
   });
+  register_gradient(GT, "ATenOp", [](GradientContext& c) {
+    const Node& n = c.node();
+    through_host(c, "ATenOpGrad", 0,
+                 {{"target", Attribute::of(n.attr_string("target", ""))},
+                  {"input_dtypes", Attribute::of(n.attr_ints("input_dtypes"))}});
+  });
   return true;
 }();
 

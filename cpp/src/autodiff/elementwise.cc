@@ -1,0 +1,110 @@
+// Gradient rules: unary math and activations, binary arithmetic with broadcasting, Where, Cast,
+// Identity, StopGradient.
+#include "graphtrain/autodiff.h"
+#include "graphtrain/ops.h"
+
+namespace graphtrain {
+namespace {
+
+using Ctx = GradientContext;
+constexpr const char* GT = kGraphtrainDomain;
+
+void pow_rule(Ctx& c) {
+  Value* g = c.output_grad(0);
+  Value* a = c.input(0);
+  Value* e = c.input(1);
+  if (!is_floating(e->type.dtype))
+    e = c.op("Cast", {e}, {{"to", int_attr(to_onnx(DType::kFloat32))}});
+  if (c.wants(0)) {
+    Value* da =
+        c.op("Mul", {c.op("Mul", {g, e}), c.op("Pow", {a, c.op("Sub", {e, c.constant(1.0f)})})});
+    c.set_grad_reduced(0, da);
+  }
+  if (c.wants(1))
+    c.set_grad_reduced(1, c.op("Mul", {c.op("Mul", {g, c.output(0)}), c.op("Log", {a})}));
+}
+
+const bool registered = [] {
+  register_gradient("", "Add", [](Ctx& c) {
+    c.set_grad_reduced(0, c.output_grad(0));
+    c.set_grad_reduced(1, c.output_grad(0));
+  });
+  register_gradient("", "Sub", [](Ctx& c) {
+    c.set_grad_reduced(0, c.output_grad(0));
+    if (c.wants(1)) c.set_grad_reduced(1, c.op("Neg", {c.output_grad(0)}));
+  });
+  register_gradient("", "Mul", [](Ctx& c) {
+    if (c.wants(0)) c.set_grad_reduced(0, c.op("Mul", {c.output_grad(0), c.input(1)}));
+    if (c.wants(1)) c.set_grad_reduced(1, c.op("Mul", {c.output_grad(0), c.input(0)}));
+  });
+  register_gradient("", "Div", [](Ctx& c) {
+    Value* g = c.output_grad(0);
+    if (c.wants(0)) c.set_grad_reduced(0, c.op("Div", {g, c.input(1)}));
+    if (c.wants(1))
+      c.set_grad_reduced(1,
+                         c.op("Neg", {c.op("Div", {c.op("Mul", {g, c.output(0)}), c.input(1)})}));
+  });
+  register_gradient("", "Pow", pow_rule);
+  register_gradient("", "Neg", [](Ctx& c) { c.set_grad(0, c.op("Neg", {c.output_grad(0)})); });
+  register_gradient("", "Abs", [](Ctx& c) {
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Sign", {c.input(0)})}));
+  });
+  register_gradient("", "Sign", [](Ctx&) {});  // zero almost everywhere
+  register_gradient("", "Sqrt", [](Ctx& c) {
+    c.set_grad(0, c.op("Div", {c.op("Mul", {c.output_grad(0), c.constant(0.5f)}), c.output(0)}));
+  });
+  register_gradient("", "Reciprocal", [](Ctx& c) {
+    Value* y = c.output(0);
+    c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Mul", {y, y})})}));
+  });
+  register_gradient("", "Exp", [](Ctx& c) {
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.output(0)}));
+  });
+  register_gradient("", "Log", [](Ctx& c) {
+    c.set_grad(0, c.op("Div", {c.output_grad(0), c.input(0)}));
+  });
+  register_gradient("", "Erf", [](Ctx& c) {
+    Value* x = c.input(0);
+    Value* e = c.op("Exp", {c.op("Neg", {c.op("Mul", {x, x})})});
+    c.set_grad(0,
+               c.op("Mul", {c.output_grad(0), c.op("Mul", {e, c.constant(1.12837916709551257f)})}));
+  });
+  register_gradient("", "Relu", [](Ctx& c) {
+    c.set_grad(0, c.op("ReluGrad", {c.output_grad(0), c.output(0)}, {}, GT));
+  });
+  register_gradient("", "LeakyRelu", [](Ctx& c) {
+    c.set_grad(0, c.op("LeakyReluGrad", {c.output_grad(0), c.input(0)},
+                       {{"alpha", Attribute::of(c.node().attr_float("alpha", 0.01f))}}, GT));
+  });
+  register_gradient("", "Sigmoid", [](Ctx& c) {
+    c.set_grad(0, c.op("SigmoidGrad", {c.output_grad(0), c.output(0)}, {}, GT));
+  });
+  register_gradient("", "Tanh", [](Ctx& c) {
+    c.set_grad(0, c.op("TanhGrad", {c.output_grad(0), c.output(0)}, {}, GT));
+  });
+  register_gradient("", "Gelu", [](Ctx& c) {
+    c.set_grad(
+        0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
+                {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))}}, GT));
+  });
+  register_gradient("", "Identity", [](Ctx& c) { c.set_grad(0, c.output_grad(0)); });
+  register_gradient("", "Cast", [](Ctx& c) {
+    DType from = c.input(0)->type.dtype;
+    Value* g = c.output_grad(0);
+    c.set_grad(0, from == c.output(0)->type.dtype
+                      ? g
+                      : c.op("Cast", {g}, {{"to", int_attr(to_onnx(from))}}));
+  });
+  register_gradient("", "Where", [](Ctx& c) {
+    Value* g = c.output_grad(0);
+    Value* zero = c.constant(0.0f);
+    if (c.wants(1)) c.set_grad_reduced(1, c.op("Where", {c.input(0), g, zero}));
+    if (c.wants(2)) c.set_grad_reduced(2, c.op("Where", {c.input(0), zero, g}));
+  });
+  // StopGradient (torch's detach): the value passes, its gradient does not.
+  register_gradient(GT, "StopGradient", [](Ctx&) {});
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain

@@ -1,0 +1,35 @@
+// Gradient rules: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss.
+#include "graphtrain/autodiff.h"
+#include "graphtrain/ops.h"
+
+namespace graphtrain {
+namespace {
+
+using Ctx = GradientContext;
+constexpr const char* GT = kGraphtrainDomain;
+
+void softmax_cross_entropy(Ctx& c) {
+  std::map<std::string, Attribute> attrs;
+  const Node& n = c.node();
+  attrs["reduction"] = Attribute::of(n.attr_string("reduction", "mean"));
+  if (n.has_attr("ignore_index")) attrs["ignore_index"] = int_attr(n.attr_int("ignore_index", 0));
+  std::vector<Value*> ins = {c.output_grad(0), c.output(1), c.input(1)};
+  if (c.input(2)) ins.push_back(c.input(2));
+  c.set_grad(0, c.op("SoftmaxCrossEntropyLossGrad", ins, attrs, GT));
+}
+
+const bool registered = [] {
+  register_gradient("", "Softmax", [](Ctx& c) {
+    c.set_grad(0, c.op("SoftmaxGrad", {c.output_grad(0), c.output(0)},
+                       {{"axis", int_attr(c.node().attr_int("axis", -1))}}, GT));
+  });
+  register_gradient("", "LogSoftmax", [](Ctx& c) {
+    c.set_grad(0, c.op("LogSoftmaxGrad", {c.output_grad(0), c.output(0)},
+                       {{"axis", int_attr(c.node().attr_int("axis", -1))}}, GT));
+  });
+  register_gradient("", "SoftmaxCrossEntropyLoss", softmax_cross_entropy);
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain

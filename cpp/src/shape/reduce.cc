@@ -1,0 +1,62 @@
+// Shape inference: reductions, ReduceGrad and SumToShape.
+#include <algorithm>
+
+#include "graphtrain/ops.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+namespace {
+
+constexpr const char* GT = kGraphtrainDomain;
+
+// Axes given as input (ReduceSum from opset 13, the others from 18) or attribute.
+void reduce(InferenceContext& ctx) {
+  const SymShape* in = ctx.input_shape(0);
+  DType dtype = ctx.input_dtype(0);
+  if (!in) return ctx.set_output(0, dtype, std::nullopt);
+  bool keep = ctx.node().attr_int("keepdims", 1) != 0;
+  bool noop_empty = ctx.node().attr_int("noop_with_empty_axes", 0) != 0;
+  std::vector<int64_t> axes;
+  if (ctx.has_input(1)) {
+    const auto* v = ctx.input_values(1);
+    if (!v) {
+      if (keep) {
+        SymShape out;
+        for (size_t i = 0; i < in->size(); ++i) out.push_back(SymDim::fresh("reduce"));
+        return ctx.set_output(0, dtype, out);
+      }
+      return ctx.set_output(0, dtype, std::nullopt);
+    }
+    for (const auto& d : *v) {
+      auto c = d.constant();
+      if (!c) return ctx.set_output(0, dtype, std::nullopt);
+      axes.push_back(*c);
+    }
+  } else {
+    axes = ctx.node().attr_ints("axes");
+  }
+  int64_t rank = static_cast<int64_t>(in->size());
+  if (axes.empty() && noop_empty) return ctx.set_output(0, dtype, *in);
+  std::vector<bool> reduced(in->size(), axes.empty());
+  for (int64_t a : axes) reduced[static_cast<size_t>(normalize_axis(ctx, a, rank))] = true;
+  SymShape out;
+  for (size_t i = 0; i < in->size(); ++i) {
+    if (!reduced[i])
+      out.push_back((*in)[i]);
+    else if (keep)
+      out.emplace_back(1);
+  }
+  ctx.set_output(0, dtype, out);
+}
+
+const bool registered = [] {
+  for (const char* op : {"SumToShape", "ReduceGrad"})
+    register_shape_inferer(GT, op,
+                           [](InferenceContext& ctx) { infer_shape_from_values(ctx, 0, 1); });
+  for (const char* op : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+    register_shape_inferer("", op, reduce);
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain
