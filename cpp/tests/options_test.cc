@@ -37,7 +37,7 @@ TEST_F(OptionsTest, DefaultsHaveDefaultSource) {
   EXPECT_EQ(o.get_int("num_threads"), 0);
   EXPECT_TRUE(o.get_bool("enable_compute_optimizer"));
   EXPECT_FALSE(o.get_bool("enable_zero_stage3"));
-  EXPECT_EQ(o.get_string("fallback_policy"), "OFF");
+  EXPECT_EQ(o.get_string("fallback_policy"), "ATEN");
   for (const auto& v : o.values()) EXPECT_EQ(v.source, OptionSource::kDefault) << v.spec->name;
 }
 

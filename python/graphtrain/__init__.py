@@ -12,11 +12,15 @@ from .log import LogLevel, capture_output, get_logger, log, log_once, set_log_le
 
 
 def __getattr__(name: str) -> object:
-    # GraphModule imports torch: loaded on first use, so `import graphtrain` stays light.
+    # GraphModule and explain import torch: loaded on first use, so `import graphtrain` stays light.
     if name == "GraphModule":
         from .graph_module import GraphModule
 
         return GraphModule
+    if name == "explain":
+        from ._explain import explain
+
+        return explain
     raise AttributeError(f"module 'graphtrain' has no attribute {name!r}")
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "OptionError",
     "RuntimeOptions",
     "capture_output",
+    "explain",
     "get_logger",
     "log",
     "log_once",

@@ -23,10 +23,15 @@ INT64_MAX = 2**63 - 1
 TRANSLATORS: dict[Any, Callable[[torch.fx.Node, Translator], Any]] = {}
 
 
+def register_translator(target: Any, fn: Callable[[torch.fx.Node, Translator], Any]) -> None:
+    """Translates FX nodes calling `target` with `fn(node, translator) -> IR value name(s)`."""
+    TRANSLATORS[target] = fn
+
+
 def op(*targets: Any) -> Callable:
     def register(fn: Callable) -> Callable:
         for t in targets:
-            TRANSLATORS[t] = fn
+            register_translator(t, fn)
         return fn
 
     return register
@@ -64,12 +69,10 @@ op(aten.sub.Tensor, aten.sub.Scalar)(_binary("Sub"))
 op(aten.mul.Tensor, aten.mul.Scalar)(_binary("Mul"))
 
 
-@op(aten.add_.Tensor, aten.mul_.Tensor, aten.sub_.Tensor)
-def _inplace(n: torch.fx.Node, t: Translator) -> str:
-    name = {aten.add_.Tensor: "Add", aten.mul_.Tensor: "Mul", aten.sub_.Tensor: "Sub"}[n.target]
-    out = _binary(name)(n, t)
-    t.mutated(n.args[0], out)
-    return out
+# In-place forms: the capture marks their first argument as written (later readers see the result).
+op(aten.add_.Tensor)(_binary("Add"))
+op(aten.sub_.Tensor)(_binary("Sub"))
+op(aten.mul_.Tensor)(_binary("Mul"))
 
 
 @op(aten.div.Tensor, aten.div.Scalar)
@@ -92,7 +95,8 @@ def _unary(onnx_op: str, domain: str = "") -> Callable:
 for _target, _name in [(aten.relu.default, "Relu"), (aten.relu_.default, "Relu"), (aten.tanh.default, "Tanh"),
                        (aten.sigmoid.default, "Sigmoid"), (aten.exp.default, "Exp"), (aten.log.default, "Log"),
                        (aten.sqrt.default, "Sqrt"), (aten.neg.default, "Neg"), (aten.abs.default, "Abs"),
-                       (aten.erf.default, "Erf"), (aten.reciprocal.default, "Reciprocal")]:
+                       (aten.erf.default, "Erf"), (aten.reciprocal.default, "Reciprocal"),
+                       (aten.cos.default, "Cos"), (aten.sin.default, "Sin")]:
     op(_target)(_unary(_name))
 
 
@@ -157,6 +161,66 @@ op(aten.le.Tensor, aten.le.Scalar)(_compare("LessOrEqual"))
 op(aten.ge.Tensor, aten.ge.Scalar)(_compare("GreaterOrEqual"))
 
 
+op(aten.minimum.default, aten.min.other)(_binary("Min"))
+op(aten.maximum.default, aten.max.other)(_binary("Max"))
+
+
+@op(aten.logical_and.default, aten.bitwise_and.Tensor, aten.__and__.Tensor,
+    aten.logical_or.default, aten.bitwise_or.Tensor, aten.__or__.Tensor)
+def _logical(n: torch.fx.Node, t: Translator) -> str:
+    a, b = n.args[0], n.args[1]
+    if val(a).dtype != torch.bool or val(b).dtype != torch.bool:
+        t.unsupported(n, "bitwise logic on integers")
+    name = "And" if "and" in str(n.target) else "Or"
+    return t.emit(name, [t.value(a), t.value(b)])
+
+
+@op(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+    aten.clip.default, aten.hardtanh.default)
+def _clamp(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    if n.target == aten.clamp_min.default:
+        lo, hi = n.args[1], None
+    elif n.target == aten.clamp_max.default:
+        lo, hi = None, n.args[1]
+    elif n.target == aten.hardtanh.default:
+        lo, hi = (n.args[1] if len(n.args) > 1 else -1.0), (n.args[2] if len(n.args) > 2 else 1.0)
+    else:
+        lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+        hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    if isinstance(lo, torch.fx.Node) and val(lo).numel() != 1 or isinstance(hi, torch.fx.Node) and val(hi).numel() != 1:
+        t.unsupported(n, "clamp by tensor bounds of more than one element")
+    bounds = ["" if b is None else t.operand(b, x) for b in (lo, hi)]
+    while bounds and not bounds[-1]:
+        bounds.pop()
+    return t.emit("Clip", [t.value(x)] + bounds)
+
+
+@op(aten.hardsigmoid.default, aten.hardswish.default, aten.hardswish_.default)
+def _hard(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    gate = t.emit("Clip", [t.emit("Add", [t.emit("Div", [t.value(x), t.scalar(6.0, x)]), t.scalar(0.5, x)]),
+                           t.scalar(0.0, x), t.scalar(1.0, x)])
+    if n.target == aten.hardsigmoid.default:
+        return gate
+    return t.emit("Mul", [t.value(x), gate])
+
+
+@op(aten.diff.default)
+def _diff(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    order = n.args[1] if len(n.args) > 1 else 1
+    dim = axis(n.args[2] if len(n.args) > 2 else -1, rank(x))
+    if len(n.args) > 3 and any(a is not None for a in n.args[3:]):
+        t.unsupported(n, "diff with prepend or append")
+    out = t.value(x)
+    for _ in range(order):
+        head = t.emit("Slice", [out, t.ints([1]), t.ints([INT64_MAX]), t.ints([dim])])
+        tail = t.emit("Slice", [out, t.ints([0]), t.ints([-1]), t.ints([dim])])
+        out = t.emit("Sub", [head, tail])
+    return out
+
+
 @op(aten.logical_not.default, aten.bitwise_not.default)
 def _not(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Not", [t.value(n.args[0])])
@@ -169,7 +233,7 @@ def _where(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Where", [t.value(c), t.operand(x, like), t.operand(y, like)])
 
 
-@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Scalar)
+@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
 def _masked_fill(n: torch.fx.Node, t: Translator) -> str:
     x, mask, value = n.args
     return t.emit("Where", [t.value(mask), t.operand(value, x), t.value(x)])
@@ -316,6 +380,45 @@ def _slice(n: torch.fx.Node, t: Translator) -> str:
                             t.ints([step])])
 
 
+@op(aten.slice_scatter.default, aten.select_scatter.default)
+def _scatter_into_slice(n: torch.fx.Node, t: Translator) -> str:
+    """base with src written over base[start:end] along dim (step 1), as functionalization writes
+    an in-place update of a slice or a selected index: Where(inside, Gather(src, pos - start), base)."""
+    base, src = n.args[0], n.args[1]
+    r = rank(base)
+    if n.target == aten.select_scatter.default:
+        dim, index = axis(n.args[2], r), n.args[3]
+        size = val(base).shape[dim]
+        if isinstance(index, int) and isinstance(size, int) and index < 0:
+            index += size
+        if not isinstance(index, int) or index < 0:
+            t.unsupported(n, "writing at a negative or computed index")
+        start, end = index, index + 1
+        src_value = t.emit("Unsqueeze", [t.value(src), t.ints([dim])])
+    else:
+        dim = axis(n.args[2] if len(n.args) > 2 else 0, r)
+        start = n.args[3] if len(n.args) > 3 and n.args[3] is not None else 0
+        end = n.args[4] if len(n.args) > 4 and n.args[4] is not None else INT64_MAX
+        if (n.args[5] if len(n.args) > 5 else 1) != 1:
+            t.unsupported(n, "writing a strided slice")
+        if not isinstance(start, int) or start < 0 or isinstance(end, int) and end < 0:
+            t.unsupported(n, "writing a slice with negative or computed bounds")
+        src_value = t.value(src)
+    n_dim = t.emit("Squeeze", [t.emit("Shape", [t.value(base)], start=dim, end=dim + 1), t.ints([0])])
+    positions = t.emit("Range", [t.const(np.array(0, np.int64)), n_dim, t.const(np.array(1, np.int64))])
+    end_v = t.scalar_int(min(end, INT64_MAX)) if isinstance(end, int) else t.scalar_int(end)
+    inside = t.emit("And", [t.emit("GreaterOrEqual", [positions, t.scalar_int(start)]),
+                            t.emit("Less", [positions, end_v])])
+    src_len = t.emit("Shape", [src_value], start=dim, end=dim + 1)
+    last = t.emit("Sub", [src_len, t.ints([1])])
+    shifted = t.emit("Clip", [t.emit("Sub", [positions, t.scalar_int(start)]), t.scalar_int(0),
+                              t.emit("Squeeze", [last, t.ints([0])])])
+    gathered = t.emit("Gather", [src_value, shifted], axis=dim)
+    # inside, shaped [n, 1, ..., 1] to broadcast along dim.
+    mask = t.emit("Reshape", [inside, t.emit("Concat", [t.ints([-1]), t.ints([1] * (r - 1 - dim))], axis=0)])
+    return t.emit("Where", [mask, gathered, t.value(base)])
+
+
 @op(aten.select.int)
 def _select(n: torch.fx.Node, t: Translator) -> str:
     x, dim, index = n.args
@@ -340,9 +443,87 @@ def _stack(n: torch.fx.Node, t: Translator) -> str:
 def _embedding(n: torch.fx.Node, t: Translator) -> str:
     w, ids = n.args[0], n.args[1]
     padding_idx = n.args[2] if len(n.args) > 2 else -1
-    if padding_idx not in (-1, None) or (len(n.args) > 3 and n.args[3]):
-        t.unsupported(n, "embedding with padding_idx or scale_grad_by_freq")
-    return t.emit("Gather", [t.value(w), t.value(ids)], axis=0)
+    if len(n.args) > 4 and n.args[4]:
+        t.unsupported(n, "embedding with sparse gradients")
+    if len(n.args) > 3 and n.args[3]:
+        t.unsupported(n, "embedding with scale_grad_by_freq")
+    table = t.value(w)
+    if padding_idx not in (-1, None):
+        # The padding row reads its value but gets no gradient: that row goes through StopGradient.
+        rows = t.emit("Squeeze", [t.emit("Shape", [table], start=0, end=1), t.ints([0])])
+        row_ids = t.emit("Range", [t.const(np.array(0, np.int64)), rows, t.const(np.array(1, np.int64))])
+        pad = t.emit("Unsqueeze", [t.emit("Equal", [row_ids, t.ints([padding_idx])]), t.ints([1])])
+        frozen = t.emit("StopGradient", [table], domain=GT)
+        table = t.emit("Where", [pad, frozen, table])
+    return t.emit("Gather", [table, t.value(ids)], axis=0)
+
+
+@op(aten.gather.default)
+def _gather(n: torch.fx.Node, t: Translator) -> str:
+    x, dim, index = n.args[:3]
+    if len(n.args) > 3 and n.args[3] or n.kwargs.get("sparse_grad"):
+        t.unsupported(n, "gather with sparse_grad")
+    return t.emit("GatherElements", [t.value(x), t.value(index)], axis=axis(dim, rank(x)))
+
+
+@op(aten.index.Tensor)
+def _index(n: torch.fx.Node, t: Translator) -> str:
+    x, indices = n.args
+    used = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if any(val(i).dtype not in (torch.int64, torch.int32) for _, i in used):
+        t.unsupported(n, "indexing with a boolean mask")
+    if len(used) == 1:
+        d, idx = used[0]
+        return t.emit("Gather", [t.value(x), t.value(idx)], axis=d)
+    if [d for d, _ in used] != list(range(len(used))):
+        t.unsupported(n, "indexing with index tensors that are not the leading dims")
+    # x[i0, i1, ...] over the leading k dims: one Gather of the flattened leading dims with the
+    # linear index i0 * (d1 * ... * dk-1) + i1 * (d2 ...) + ..., indices broadcast together.
+    shape = t.emit("Shape", [t.value(x)])
+    linear = None
+    for d, idx in used:
+        size = t.emit("Shape", [t.value(x)], start=d, end=d + 1)
+        i = t.value(idx)
+        if val(idx).dtype != torch.int64:
+            i = t.emit("Cast", [i], to=t.onnx_dtype(torch.int64))
+        i = t.emit("Where", [t.emit("Less", [i, t.ints([0])]), t.emit("Add", [i, size]), i])
+        linear = i if linear is None else t.emit("Add", [t.emit("Mul", [linear, size]), i])
+    k = len(used)
+    rest = t.emit("Slice", [shape, t.ints([k]), t.ints([INT64_MAX])])
+    flat = t.emit("Reshape", [t.value(x), t.emit("Concat", [t.ints([-1]), rest], axis=0)])
+    return t.emit("Gather", [flat, linear], axis=0)
+
+
+@op(aten.unbind.int)
+def _unbind(n: torch.fx.Node, t: Translator) -> list[str]:
+    x = n.args[0]
+    dim = axis(n.args[1] if len(n.args) > 1 else 0, rank(x))
+    count = val(x).shape[dim]
+    if not isinstance(count, int):
+        t.unsupported(n, "unbind over a dimension whose size changes between calls")
+    parts = t.emit("Split", [t.value(x), t.ints([1] * count)], n_out=count, axis=dim) if count > 1 else [t.value(x)]
+    return [t.emit("Squeeze", [p, t.ints([dim])]) for p in parts]
+
+
+@op(aten.pad.default, aten.constant_pad_nd.default)
+def _pad(n: torch.fx.Node, t: Translator) -> str:
+    x, pads = n.args[0], list(n.args[1])
+    mode = n.args[2] if n.target == aten.pad.default and len(n.args) > 2 else n.kwargs.get("mode", "constant")
+    if mode != "constant":
+        t.unsupported(n, f"padding in {mode} mode")
+    value = n.args[3] if n.target == aten.pad.default and len(n.args) > 3 else (
+        n.args[2] if n.target == aten.constant_pad_nd.default and len(n.args) > 2 else n.kwargs.get("value"))
+    r = rank(x)
+    if any(not isinstance(p, int) for p in pads):
+        t.unsupported(n, "padding by sizes that change between calls")
+    # torch lists (begin, end) pairs from the last dim backwards; ONNX all begins, then all ends.
+    begins, ends = [0] * r, [0] * r
+    for k in range(len(pads) // 2):
+        begins[r - 1 - k], ends[r - 1 - k] = pads[2 * k], pads[2 * k + 1]
+    inputs = [t.value(x), t.ints(begins + ends)]
+    if value:
+        inputs.append(t.scalar(value, x))
+    return t.emit("Pad", inputs, mode="constant")
 
 
 # ---- creation ----------------------------------------------------------------------------------
@@ -361,9 +542,51 @@ def _arange(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.full.default, aten.zeros.default, aten.ones.default)
 def _full(n: torch.fx.Node, t: Translator) -> str:
     value = {aten.zeros.default: 0, aten.ones.default: 1}.get(n.target, n.args[1] if len(n.args) > 1 else 0)
-    dtype = val(n).dtype
+    return _filled(t, val(n).dtype, t.shape_vector(n.args[0]), value)
+
+
+def _filled(t: Translator, dtype: torch.dtype, shape: str, value: Any) -> str:
     fill = t.const(np.array([value], dtype=t.np_dtype(dtype)))
-    return t.emit("ConstantOfShape", [t.shape_vector(n.args[0])], value=t.tensor_attr(fill))
+    return t.emit("ConstantOfShape", [shape], value=t.tensor_attr(fill))
+
+
+@op(aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default)
+def _new_filled(n: torch.fx.Node, t: Translator) -> str:
+    value = {aten.new_zeros.default: 0, aten.new_ones.default: 1, aten.new_empty.default: 0}.get(n.target)
+    if value is None:
+        value = n.args[2]
+    return _filled(t, val(n).dtype, t.shape_vector(n.args[1]), value)
+
+
+@op(aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default)
+def _filled_like(n: torch.fx.Node, t: Translator) -> str:
+    value = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.empty_like.default: 0}.get(n.target)
+    if value is None:
+        value = n.args[1]
+    return _filled(t, val(n).dtype, t.emit("Shape", [t.value(n.args[0])]), value)
+
+
+@op(aten.fill_.Scalar, aten.fill.Scalar, aten.fill_.Tensor, aten.fill.Tensor)
+def _fill(n: torch.fx.Node, t: Translator) -> str:
+    x, value = n.args[0], n.args[1]
+    dtype = val(x).dtype
+    if isinstance(value, torch.fx.Node):
+        v = t.value(value)
+        if val(value).dtype != dtype:
+            v = t.emit("Cast", [v], to=t.onnx_dtype(dtype))
+        out = t.emit("Expand", [v, t.emit("Shape", [t.value(x)])])
+    else:
+        out = _filled(t, dtype, t.emit("Shape", [t.value(x)]), value)
+    return out
+
+
+@op(aten.copy_.default, aten.copy.default)
+def _copy(n: torch.fx.Node, t: Translator) -> str:
+    dst, src = n.args[0], n.args[1]
+    v = t.value(src)
+    if val(src).dtype != val(dst).dtype:
+        v = t.emit("Cast", [v], to=t.onnx_dtype(val(dst).dtype))
+    return t.emit("Expand", [v, t.emit("Shape", [t.value(dst)])])
 
 
 @op(aten.scalar_tensor.default)
@@ -410,6 +633,26 @@ def _log_softmax(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("LogSoftmax", [t.value(n.args[0])], axis=n.args[1])
 
 
+@op(aten.scaled_dot_product_attention.default)
+def _attention(n: torch.fx.Node, t: Translator) -> list[str] | str:
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    a = dict(zip(names, n.args)) | dict(n.kwargs)
+    q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
+    if any(val(x).dtype != torch.float32 for x in (q, k, v)):
+        t.unsupported(n, "attention on other than float32 tensors")
+    if mask is not None and val(mask).dtype not in (torch.bool, torch.float32):
+        t.unsupported(n, f"an attention mask of type {val(mask).dtype}")
+    if val(q).shape[-3:-2] != val(k).shape[-3:-2] and not a.get("enable_gqa", False):
+        t.unsupported(n, "attention with different query and key/value heads without enable_gqa")
+    inputs = [t.value(q), t.value(k), t.value(v)] + ([t.value(mask)] if mask is not None else [])
+    attrs = {"causal": int(bool(a.get("is_causal", False)))}
+    if a.get("scale") is not None:
+        attrs["scale"] = float(a["scale"])
+    if float(a.get("dropout_p", 0.0) or 0.0) > 0:
+        attrs["dropout"] = float(a["dropout_p"])
+    return t.emit("Attention", inputs, n_out=3, domain=GT, **attrs)[0]
+
+
 @op(aten.layer_norm.default)
 def _layer_norm(n: torch.fx.Node, t: Translator) -> str:
     x, shape = n.args[0], n.args[1]
@@ -440,13 +683,28 @@ def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
                   ignore_index=int(ignore))
 
 
-@op(aten.dropout.default)
+@op(aten.dropout.default, aten.dropout_.default)
 def _dropout(n: torch.fx.Node, t: Translator) -> str:
     x, p, train = n.args[0], float(n.args[1]), bool(n.args[2])
     if not train or p == 0.0:
-        return t.emit("Identity", [t.value(x)])
-    outs = t.emit("Dropout", [t.value(x), t.const(np.array(p, np.float32)), t.const(np.array(True))], n_out=2)
-    return outs[0]
+        out = t.emit("Identity", [t.value(x)])
+    else:
+        out = t.emit("Dropout", [t.value(x), t.const(np.array(p, np.float32)), t.const(np.array(True))], n_out=2)[0]
+    return out
+
+
+@op(aten.rms_norm.default)
+def _rms_norm(n: torch.fx.Node, t: Translator) -> str:
+    x, shape = n.args[0], n.args[1]
+    weight = n.args[2] if len(n.args) > 2 else None
+    eps = n.args[3] if len(n.args) > 3 else None
+    if eps is None:
+        eps = torch.finfo(val(x).dtype).eps
+    axes = list(range(rank(x) - len(shape), rank(x)))
+    xv = t.value(x)
+    ms = t.emit("ReduceMean", [t.emit("Mul", [xv, xv]), t.ints(axes)], keepdims=1)
+    out = t.emit("Mul", [xv, t.emit("Reciprocal", [t.emit("Sqrt", [t.emit("Add", [ms, t.scalar(eps, x)])])])])
+    return t.emit("Mul", [out, t.value(weight)]) if weight is not None else out
 
 
 @op(aten.batch_norm.default)

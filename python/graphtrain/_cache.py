@@ -20,7 +20,7 @@ import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from ._callbacks import leaf_from_json, leaf_to_json
+from ._structure import leaf_from_json, leaf_to_json
 from ._capture import OPSET, Captured, GraphInput
 from ._options import options
 from .log import log, log_once

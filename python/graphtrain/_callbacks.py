@@ -24,6 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _aten, _C
+from ._structure import TENSOR, describe_structure, leaf_from_json, rebuild
 
 _local = threading.local()
 
@@ -78,58 +79,6 @@ def context_tensor(key: int) -> torch.Tensor:
     return torch.tensor(key, dtype=torch.int64)
 
 
-# ---- values as JSON (node attributes of captured graphs must survive the on-disk cache) ----------
-
-class _TensorSlot:
-    """Marks where a tensor goes among the leaves of an argument or output structure."""
-
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-TENSOR = _TensorSlot()
-
-
-def leaf_to_json(x: Any) -> Any:
-    """A non-tensor leaf as JSON; tuples and lists keep their kind. Raises TypeError otherwise."""
-    if x is TENSOR:
-        return {"__tensor__": 1}
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    if isinstance(x, (tuple, list)):
-        return {"__tuple__" if isinstance(x, tuple) else "__list__": [leaf_to_json(i) for i in x]}
-    if isinstance(x, torch.dtype):
-        return {"__dtype__": str(x).removeprefix("torch.")}
-    raise TypeError(f"a {type(x).__name__}")
-
-
-def leaf_from_json(x: Any) -> Any:
-    if isinstance(x, dict):
-        if "__tensor__" in x:
-            return TENSOR
-        if "__tuple__" in x:
-            return tuple(leaf_from_json(i) for i in x["__tuple__"])
-        if "__list__" in x:
-            return [leaf_from_json(i) for i in x["__list__"]]
-        if "__dtype__" in x:
-            return getattr(torch, x["__dtype__"])
-    return x
-
-
-def describe_structure(value: Any) -> tuple[list[torch.Tensor], dict]:
-    """The tensors of a pytree and a JSON-able description of the rest."""
-    leaves, spec = pytree.tree_flatten(value)
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    encoded = []
-    for x in leaves:
-        try:
-            encoded.append(leaf_to_json(TENSOR if isinstance(x, torch.Tensor) else x))
-        except TypeError:
-            encoded.append(None)  # an argument that cannot be stored: subscribers see None
-    return tensors, {"spec": pytree.treespec_dumps(spec), "leaves": encoded,
-                     "requires_grad": [t.requires_grad for t in tensors]}
-
-
 @functools.lru_cache(maxsize=4096)
 def parsed_info(info: str) -> dict:
     """A callback node's `info` attribute, decoded once (the result is shared: read it only)."""
@@ -139,12 +88,6 @@ def parsed_info(info: str) -> dict:
             d[part]["treespec"] = pytree.treespec_loads(d[part]["spec"])
             d[part]["decoded"] = [leaf_from_json(x) for x in d[part]["leaves"]]
     return d
-
-
-def _rebuild(desc: dict, tensors: list[torch.Tensor]) -> Any:
-    it = iter(tensors)
-    leaves = [next(it) if x is TENSOR else x for x in desc["decoded"]]
-    return pytree.tree_unflatten(leaves, desc["treespec"])
 
 
 # ---- the marker op of capture ----------------------------------------------------------------------
@@ -198,8 +141,8 @@ def _hook(attrs: dict, inputs: list[Any]) -> list[Any]:
         for i, (v, rg) in enumerate(zip(values, info["value"]["requires_grad"])):
             if rg and v.is_floating_point():
                 proxies[i] = v.detach().requires_grad_()
-    value = _rebuild(info["value"], proxies)
-    passive = _rebuild(info["passive"], inputs[:p])
+    value = rebuild(info["value"], proxies)
+    passive = rebuild(info["passive"], inputs[:p])
     with torch.enable_grad() if run.training else torch.no_grad():
         new_value = HOOK_KINDS[kind](kind, path, run, value, passive)
     results = [x for x in pytree.tree_leaves(new_value) if isinstance(x, torch.Tensor)]
@@ -264,6 +207,16 @@ def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
 HANDLERS: dict[str, Callable[[dict, list[Any]], list[Any]]] = {"Hook": _hook, "HookGrad": _hook_grad}
 
 
+def register_handler(op_type: str, fn: Callable[[dict, list[Any]], list[Any]]) -> None:
+    """Runs `fn(attributes, inputs) -> outputs` for every callback node of `op_type`."""
+    HANDLERS[op_type] = fn
+
+
+def register_hook_kind(kind: str, fn: HookHandler) -> None:
+    """Runs `fn(kind, module path, run, value, passive) -> new value` for Hook nodes of `kind`."""
+    HOOK_KINDS[kind] = fn
+
+
 def dispatch(op_type: str, attrs: dict, inputs: list[Any]) -> list[Any]:
     return HANDLERS[op_type](attrs, inputs)
 
@@ -278,4 +231,4 @@ def _translate_hook(n: torch.fx.Node, t: Any) -> list[str]:
     return outs[:-1]  # the last output is the context, for HookGrad
 
 
-_aten.TRANSLATORS[HOOK_OP] = _translate_hook
+_aten.register_translator(HOOK_OP, _translate_hook)

@@ -5,7 +5,10 @@ nodes as metadata)."""
 from __future__ import annotations
 
 import re
+import threading
 import traceback
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,23 +18,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch.utils import _pytree as pytree
 
-from . import _aten
-from ._callbacks import TENSOR  # importing _callbacks registers the Hook translator
+from . import _aten, _fallback
+from ._dtypes import TORCH_TO_NUMPY, TORCH_TO_ONNX
+from ._structure import TENSOR, ObjectLeaf, leaf_to_json, object_to_json
 from .errors import UnsupportedModelError
 from .log import capture_output
 
 OPSET = 20  # Gelu is standard from 20
-
-TORCH_TO_ONNX = {
-    torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE, torch.float16: TensorProto.FLOAT16,
-    torch.bfloat16: TensorProto.BFLOAT16, torch.int64: TensorProto.INT64, torch.int32: TensorProto.INT32,
-    torch.int8: TensorProto.INT8, torch.uint8: TensorProto.UINT8, torch.bool: TensorProto.BOOL,
-}
-TORCH_TO_NUMPY = {
-    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64,
-    torch.int32: np.int32, torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
-}
-
 
 @dataclass
 class GraphInput:
@@ -50,6 +43,7 @@ class Captured:
     out_spec: Any = None               # pytree spec of the module's output
     out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves; TENSOR marks tensors
     uncacheable: str = ""              # why the on-disk cache cannot hold this capture, if it cannot
+    routes: list[tuple[str, str, str]] = field(default_factory=list)  # (ATen op, module, how it runs)
 
 
 class _Flat(torch.nn.Module):
@@ -69,8 +63,43 @@ class _Flat(torch.nn.Module):
         out = self.module(*args, **kwargs)
         flat, out_spec = pytree.tree_flatten(out)
         self._record["spec"] = out_spec
-        self._record["leaves"] = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
-        return tuple(x for x in flat if isinstance(x, torch.Tensor))
+        leaves: list[Any] = []
+        tensors: list[torch.Tensor] = []
+        for path, x in zip(pytree.tree_flatten_with_path(out)[0], flat):
+            if isinstance(x, torch.Tensor):
+                leaves.append(TENSOR)
+                tensors.append(x)
+            elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise UnsupportedModelError(
+                    f"{type(self.module).__name__} returns a size computed from its inputs "
+                    f"({pytree.keystr(path[0])} = {x}); graphtrain returns tensors and constants. "
+                    "Return it as a tensor (torch.tensor(size)) or compute it outside the model."
+                )
+            else:
+                leaves.append(self._leaf(x, tensors, pytree.keystr(path[0])))
+        self._record["leaves"] = leaves
+        return tuple(tensors)
+
+    def _leaf(self, x: Any, tensors: list[torch.Tensor], where: str) -> Any:
+        """A non-tensor output leaf: a constant as it is, an object holding tensors (a cache) as an
+        ObjectLeaf whose tensors become graph outputs."""
+        try:
+            leaf_to_json(x)
+            return x
+        except TypeError:
+            pass
+        mine: list[torch.Tensor] = []
+        try:
+            encoded = object_to_json(x, mine)
+        except TypeError as e:
+            raise UnsupportedModelError(
+                f"{type(self.module).__name__} returns a {type(x).__module__}.{type(x).__qualname__} "
+                f"at {where or 'the top'}, which graphtrain cannot rebuild with each call's tensors "
+                f"(it holds {e}). Register it as a pytree node (torch.utils._pytree."
+                "register_pytree_node) or return tensors."
+            ) from e
+        tensors.extend(mine)
+        return ObjectLeaf(encoded, len(mine))
 
 
 def _user_frame(node: torch.fx.Node) -> str:
@@ -88,6 +117,8 @@ def _scope(node: torch.fx.Node) -> str:
     if not stack:
         return ""
     path = list(stack.values())[-1][0]
+    if path.startswith("_empty_nn_module_stack"):  # torch.export's placeholder for "no module"
+        return ""
     path = path.removeprefix("L['self'].").removeprefix("module.")
     return "" if path in ("module", "L['self']") else path.removeprefix("module.")
 
@@ -106,6 +137,7 @@ class Translator:
         self._count = 0
         self._consts: dict[tuple, str] = {}
         self.uncacheable = ""  # set by a translator that emits what only this process can run
+        self.routes: list[tuple[torch.fx.Node, str]] = []  # how each FX node runs (explain)
 
     # -- naming and emission --
     def fresh(self, hint: str) -> str:
@@ -191,14 +223,137 @@ class Translator:
             self.buffer_updates[self.buffer_of[node]] = new_value
 
     def unsupported(self, node: torch.fx.Node, what: str) -> None:
-        raise UnsupportedModelError(_unsupported_message(node, what))
+        error = UnsupportedModelError(_unsupported_message(node, what))
+        error.what = what
+        raise error
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.nodes), len(self.initializers)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Drops what a translator emitted after `mark` (it gave up half-way)."""
+        del self.nodes[mark[0] :], self.initializers[mark[1] :]
+        kept = {i.name for i in self.initializers}
+        self._consts = {k: v for k, v in self._consts.items() if v in kept}
 
 
 def _unsupported_message(node: torch.fx.Node, what: str) -> str:
     scope = _scope(node) or "the top-level module"
     return (f"graphtrain cannot run {what} (ATen op {node.target}) in module '{scope}', at {_user_frame(node)}. "
-            "Change the model to avoid it, or set GRAPHTRAIN_FALLBACK_POLICY=eager to run this model "
+            "Change the model to avoid it, set GRAPHTRAIN_FALLBACK_POLICY=aten to run the op through "
+            "PyTorch's kernel inside the graph, or GRAPHTRAIN_FALLBACK_POLICY=eager to run this model "
             "in plain PyTorch.")
+
+
+def _translate_body(t: Translator, gm: torch.fx.GraphModule, fallback: bool) -> list[Any]:
+    """Translates the call_function and get_attr nodes of `gm`'s graph (its placeholders already
+    have values); returns the nodes its output returns."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            if node.target in _aten.SKIPPED:
+                continue
+            t.scope = _scope(node)
+            region = _REGIONS.get(node.target)
+            if region is not None:
+                t.values[node] = region(t, gm, node, fallback)
+                continue
+            count = len(t.nodes)
+            t.values[node] = _translate_node(t, node, fallback)
+            t.routes.append((node, _route(t.nodes[count:])))
+        elif node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if isinstance(value, torch.nn.Module):  # the body of a region (below)
+                t.values[node] = value
+            else:
+                t.values[node] = t.const(value.detach().cpu().numpy())
+        elif node.op == "output":
+            return list(node.args[0])
+    return []
+
+
+_CALLBACK_ROUTES = {"ATenOp": "ATen fallback", "PythonOp": "PythonOp", "Hook": "hook"}
+
+
+def _route(emitted: list[onnx.NodeProto]) -> str:
+    """How the nodes one FX node became run: natively, or through a callback into Python."""
+    for n in emitted:
+        if n.domain == "graphtrain" and n.op_type in _CALLBACK_ROUTES:
+            return _CALLBACK_ROUTES[n.op_type]
+    return "native"
+
+
+def _inline(t: Translator, body: torch.fx.GraphModule, operands: Any, fallback: bool) -> list[str]:
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    for p, x in zip(placeholders, operands):
+        t.values[p] = t.values[x] if isinstance(x, torch.fx.Node) else x
+    scope = t.scope
+    outs = [t.values[o] for o in _translate_body(t, body, fallback)]
+    t.scope = scope
+    return outs
+
+
+def _grad_region(t: Translator, gm: Any, node: torch.fx.Node, fallback: bool) -> list[str]:
+    """torch.no_grad() / enable_grad() around a block: its body, inlined; with grad off, its
+    outputs are cut from the gradient (StopGradient)."""
+    enabled, body, *operands = node.args
+    outs = _inline(t, t.values[body], operands, fallback)
+    if enabled:
+        return outs
+    return [t.emit("StopGradient", [o], domain="graphtrain") for o in outs]
+
+
+def _autocast_region(t: Translator, gm: Any, node: torch.fx.Node, fallback: bool) -> list[str]:
+    """torch.autocast around a block: inlined when autocast is disabled (or float32); a lower
+    precision is an error until graphtrain has bf16/fp16 kernels."""
+    device, dtype, enabled, _cache, body, *operands = node.args
+    if enabled and dtype not in (None, torch.float32):
+        where = t.scope or "the top-level module"
+        raise UnsupportedModelError(
+            f"the model runs a torch.autocast region ({device}, {dtype}) in module '{where}', at "
+            f"{_user_frame(node)}; graphtrain has no {dtype} kernels yet. Remove the autocast (train "
+            "in float32), or set GRAPHTRAIN_FALLBACK_POLICY=eager to run this model in plain PyTorch."
+        )
+    return _inline(t, t.values[body], operands, fallback)
+
+
+_REGIONS: dict[Any, Callable] = {
+    torch.ops.higher_order.wrap_with_set_grad_enabled: _grad_region,
+    torch.ops.higher_order.wrap_with_autocast: _autocast_region,
+}
+
+
+def _writes_first_argument(node: torch.fx.Node) -> bool:
+    """An in-place ATen op (relu_, fill_, copy_, ...): it writes its first argument."""
+    if not isinstance(node.target, torch._ops.OpOverload) or not node.args:
+        return False
+    args = node.target._schema.arguments
+    info = args[0].alias_info if args else None
+    return bool(info is not None and info.is_write and isinstance(node.args[0], torch.fx.Node))
+
+
+def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
+    """The IR value(s) of one FX node: its native translation, else (with `fallback`, for ATen ops)
+    an ATenOp node that runs PyTorch's kernel."""
+    fn = _aten.TRANSLATORS.get(node.target)
+    can_fall_back = fallback and _fallback.applies(node)
+    why = "this operation"
+    if fn is not None:
+        mark = t.mark()
+        try:
+            result = fn(node, t)
+            if _writes_first_argument(node) and isinstance(result, str):
+                t.mutated(node.args[0], result)  # in place: later readers see the new value
+            return result
+        except UnsupportedModelError as e:
+            if not can_fall_back:
+                raise
+            why = getattr(e, "what", "this use of the op")
+        except Exception as e:  # an argument form the translator does not handle natively
+            why = f"this use of the op ({e})"
+        t.rollback(mark)
+    if can_fall_back:
+        return _fallback.translate(node, t, why)
+    raise UnsupportedModelError(_unsupported_message(node, why))
 
 
 def _value_info(name: str, meta: Any) -> onnx.ValueInfoProto:
@@ -208,26 +363,55 @@ def _value_info(name: str, meta: Any) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TORCH_TO_ONNX[meta.dtype], dims)
 
 
-def export_module(module: torch.nn.Module, flat: list[Any], spec: Any) -> tuple[Any, dict]:
+# torch.export is not thread-safe ("ProxyTorchDispatchMode slot already occupied"): one capture at a
+# time in the process; runs of captured graphs stay concurrent.
+_CAPTURE_LOCK = threading.Lock()
+
+CaptureContext = Callable[[torch.nn.Module], AbstractContextManager]
+
+
+def export_module(
+    module: torch.nn.Module, flat: list[Any], spec: Any, contexts: Sequence[CaptureContext] = ()
+) -> tuple[Any, dict]:
     """torch.export of the module over its flattened tensor arguments, all dims dynamic where
-    torch.export can keep them so (batch and sequence sizes do not re-capture)."""
+    torch.export can keep them so (batch and sequence sizes do not re-capture). `contexts` are
+    entered while torch.export traces (GraphModule's: subscribed module boundaries become Hook
+    nodes, torch.autograd.Functions become PythonOps)."""
     leaves = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
     # Inputs keep requires_grad, so what is traced (a Function's needs_input_grad) matches the run.
-    tensors = tuple(x.detach().requires_grad_(x.requires_grad) for x in flat if isinstance(x, torch.Tensor))
+    tensors = tuple(
+        x.detach().requires_grad_(x.requires_grad) for x in flat if isinstance(x, torch.Tensor)
+    )
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)
     dims = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())} for t in tensors)
-    from .custom_function import opaque_functions
-    from .hooks._subscriber import capture_scope
-
-    # While torch.export traces: subscribed module boundaries become Hook nodes (no hook acts, no
-    # step counts) and torch.autograd.Functions become PythonOps.
-    with capture_output("graph capture (torch.export)"), capture_scope(module), opaque_functions():
-        ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False)
+    with ExitStack() as stack:
+        stack.enter_context(capture_output("graph capture (torch.export)"))
+        for make in contexts:
+            stack.enter_context(make(module))
+        ep = torch.export.export(
+            wrapper, tensors, dynamic_shapes=(dims,) if tensors else None, strict=False
+        )
+        if _writes_into_a_view(ep):
+            # An in-place write through a view (x[:, :2].fill_(0), x[i] = v) must reach the base
+            # tensor: functionalization rewrites it into slice_scatter and the like.
+            ep = ep.run_decompositions({})
     return ep, record
 
 
-def translate(ep: Any, record: dict, name: str) -> Captured:
+def _writes_into_a_view(ep: Any) -> bool:
+    for node in ep.graph.nodes:
+        if not _writes_first_argument(node):
+            continue
+        target = node.args[0]
+        if target.op == "call_function" and isinstance(target.target, torch._ops.OpOverload):
+            returns = target.target._schema.returns
+            if returns and returns[0].alias_info is not None:
+                return True
+    return False
+
+
+def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captured:
     t = Translator(ep)
     sig = ep.graph_signature
     graph_inputs: list[onnx.ValueInfoProto] = []
@@ -259,31 +443,24 @@ def translate(ep: Any, record: dict, name: str) -> Captured:
             raise UnsupportedModelError(f"graphtrain cannot capture an input of kind {kind} ('{spec.target}')")
     outputs: list[str] = []
     output_float: list[bool] = []
-    for node in ep.graph.nodes:
-        if node.op == "call_function":
-            if node.target in _aten.SKIPPED:
-                continue
-            fn = _aten.TRANSLATORS.get(node.target)
-            if fn is None:
-                raise UnsupportedModelError(_unsupported_message(node, "this operation"))
-            t.scope = _scope(node)
-            try:
-                t.values[node] = fn(node, t)
-            except UnsupportedModelError:
-                raise
-            except Exception as e:  # a translator that meets an argument form it does not know
-                raise UnsupportedModelError(_unsupported_message(node, f"this use of the op ({e})")) from e
-        elif node.op == "output":
-            for out in node.args[0]:
-                name = t.values[out]
-                if name in outputs or name in [i.name for i in inputs]:
-                    name = t.emit("Identity", [name])
-                outputs.append(name)
-                output_float.append(_aten.val(out).dtype.is_floating_point)
-        elif node.op == "get_attr":
-            value = getattr(ep.graph_module, node.target)
-            t.values[node] = t.const(value.detach().cpu().numpy())
-    out_nodes = [n for n in ep.graph.nodes if n.op == "output"][0].args[0]
+    out_nodes = []
+    for out, spec in zip(_translate_body(t, ep.graph_module, fallback), sig.output_specs):
+        kind = spec.kind.name
+        if kind == "BUFFER_MUTATION":  # a functionalized graph returns the buffers it updates
+            t.buffer_updates[spec.target.removeprefix("module.")] = t.values[out]
+        elif kind in ("USER_OUTPUT", "LOSS_OUTPUT"):
+            out_nodes.append(out)
+        else:
+            raise UnsupportedModelError(
+                f"graphtrain cannot capture a model that writes into its input tensors in place "
+                f"('{spec.target}'); write into a copy instead"
+            )
+    for out in out_nodes:
+        name = t.values[out]
+        if name in outputs or name in [i.name for i in inputs]:
+            name = t.emit("Identity", [name])
+        outputs.append(name)
+        output_float.append(_aten.val(out).dtype.is_floating_point)
     value_infos = [_value_info(o, _aten.val(n)) for o, n in zip(outputs, out_nodes)]
     updates = list(t.buffer_updates.items())
     for buf, value in updates:
@@ -294,18 +471,34 @@ def translate(ep: Any, record: dict, name: str) -> Captured:
     model.ir_version = 10
     return Captured(model=model, inputs=inputs, outputs=outputs, output_float=output_float,
                     buffer_updates=[(v, b) for b, v in updates], out_spec=record["spec"],
-                    out_leaves=list(record["leaves"]), uncacheable=t.uncacheable)
+                    out_leaves=list(record["leaves"]), uncacheable=t.uncacheable,
+                    routes=[(str(n.target), _scope(n), how) for n, how in t.routes])
 
 
-def capture(module: torch.nn.Module, flat: list[Any], spec: Any, name: str) -> Captured:
-    """torch.export + translation; failures become UnsupportedModelError with the cause."""
-    try:
-        ep, record = export_module(module, flat, spec)
-    except UnsupportedModelError:
-        raise
-    except Exception as e:
-        cause = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
-        raise UnsupportedModelError(
-            f"torch.export could not capture {type(module).__name__}: {cause[0] if cause else e}. "
-            "Set GRAPHTRAIN_FALLBACK_POLICY=eager to run this model in plain PyTorch.") from e
-    return translate(ep, record, name)
+def capture(
+    module: torch.nn.Module,
+    flat: list[Any],
+    spec: Any,
+    name: str,
+    contexts: Sequence[CaptureContext] = (),
+    fallback: bool = True,
+) -> Captured:
+    """torch.export + translation; failures become UnsupportedModelError with the cause. With
+    `fallback`, ATen ops without a native translation become ATenOp nodes (PyTorch's kernel)."""
+    with _CAPTURE_LOCK:
+        try:
+            ep, record = export_module(module, flat, spec, contexts)
+        except UnsupportedModelError:
+            raise
+        except Exception as e:
+            raise UnsupportedModelError(
+                f"torch.export could not capture {type(module).__name__}: {export_reason(e)}. "
+                "Set GRAPHTRAIN_FALLBACK_POLICY=eager to run this model in plain PyTorch."
+            ) from e
+    return translate(ep, record, name, fallback)
+
+
+def export_reason(e: Exception) -> str:
+    """torch.export's reason for a failure, in one line."""
+    cause = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+    return cause[0] if cause else str(e)

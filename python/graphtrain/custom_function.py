@@ -25,13 +25,12 @@ from typing import Any
 import torch
 
 from . import _aten, _C, _callbacks
-from ._capture import TORCH_TO_ONNX
+from ._dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX
+from ._structure import leaf_from_json, leaf_to_json
 from ._options import options
 from .errors import GraphError, UnsupportedModelError
 
 InferShape = Callable[[dict, list[list[Any]], list[torch.dtype]], tuple[Sequence[Sequence[Any]], Sequence[torch.dtype]]]
-
-_ONNX_TO_TORCH = {code: dtype for dtype, code in TORCH_TO_ONNX.items()}
 
 _functions: dict[str, type] = {}       # func_name -> Function class, from captures or imports
 _objects: dict[int, Any] = {}          # arguments of this process's captures that cannot be stored
@@ -79,7 +78,7 @@ def resolve(name: str) -> type:
 
 def _engine_inferer(name: str, fn: InferShape) -> Callable:
     def call(attrs: dict, shapes: list[list[Any]], dtypes: list[int]) -> tuple[list, list[int]]:
-        result = fn(attrs, shapes, [_ONNX_TO_TORCH.get(d, torch.float32) for d in dtypes])
+        result = fn(attrs, shapes, [ONNX_TO_TORCH.get(d, torch.float32) for d in dtypes])
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise TypeError(f"it must return (output_shapes, output_dtypes), got {result!r}")
         out_shapes, out_dtypes = result
@@ -130,7 +129,7 @@ def prepare(model: Any) -> None:
 
 def _storable(name: str, x: Any, capture_notes: dict) -> Any:
     try:
-        return _callbacks.leaf_to_json(x)
+        return leaf_to_json(x)
     except TypeError:
         key = id(x)
         _objects[key] = x  # kept for this process: a graph holding it is not cached
@@ -149,7 +148,7 @@ def _arguments(layout: list[Any], tensors: list[torch.Tensor]) -> list[Any]:
         elif isinstance(a, dict) and "__object__" in a:
             out.append(_objects[a["__object__"]])
         else:
-            out.append(_callbacks.leaf_from_json(a))
+            out.append(leaf_from_json(a))
     return out
 
 
@@ -296,7 +295,7 @@ def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     return outs[:-1]
 
 
-_aten.TRANSLATORS[torch.ops.graphtrain.python_op.default] = _translate
+_aten.register_translator(torch.ops.graphtrain.python_op.default, _translate)
 
 
 # ---- run time ------------------------------------------------------------------------------------
@@ -346,5 +345,5 @@ def _run_backward(attrs: dict, inputs: list[Any]) -> list[Any]:
     return [None if b is None else (b.grad if b.grad is not None else torch.zeros_like(b)) for b in bases]
 
 
-_callbacks.HANDLERS["PythonOp"] = _run_forward
-_callbacks.HANDLERS["PythonOpGrad"] = _run_backward
+_callbacks.register_handler("PythonOp", _run_forward)
+_callbacks.register_handler("PythonOpGrad", _run_backward)

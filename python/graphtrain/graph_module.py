@@ -9,18 +9,23 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C, _cache, custom_function
+from . import _C, _cache, _fallback, custom_function
 from ._callbacks import CallbackRun, recording
-from ._capture import TENSOR, Captured, capture
+from ._capture import Captured, capture
+from ._structure import TENSOR, ObjectLeaf
 from ._options import options
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
 from .hooks import _subscriber
-from .hooks._subscriber import hook_signature
+from .hooks._subscriber import capture_scope, hook_signature
 from .log import log, log_once, refresh_rank
 
 Model = _C.Model
 Session = _C.Session
+
+# Entered while torch.export traces a GraphModule's module: subscribed module boundaries become Hook
+# nodes, torch.autograd.Functions become PythonOps.
+CAPTURE_CONTEXTS = (capture_scope, lambda module: custom_function.opaque_functions())
 
 
 class _Runner:
@@ -175,7 +180,10 @@ class GraphModule(torch.nn.Module):
             runner.write_buffers(res[runner.n_out:])
             outs = res[:runner.n_out]
         it = iter(outs)
-        leaves = [next(it) if x is TENSOR else x for x in runner.captured.out_leaves]
+        leaves = [
+            next(it) if x is TENSOR else x.rebuild(it) if isinstance(x, ObjectLeaf) else x
+            for x in runner.captured.out_leaves
+        ]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)
 
     def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
@@ -194,7 +202,14 @@ class GraphModule(torch.nn.Module):
                 log("INFO", f"loaded the captured graph of {type(self.module).__name__} ({label}) from {path}; "
                             f"capturing took {seconds:.2f} s")
         if captured is None:
-            captured = capture(self.module, flat, spec, f"{type(self.module).__name__}_{label}")
+            captured = capture(
+                self.module,
+                flat,
+                spec,
+                f"{type(self.module).__name__}_{label}",
+                contexts=CAPTURE_CONTEXTS,
+                fallback=options()["fallback_policy"].value == "ATEN",
+            )
             self.captures += 1
             if path:
                 _cache.save(path, captured, time.perf_counter() - t0)
@@ -211,6 +226,15 @@ class GraphModule(torch.nn.Module):
             else:
                 wants.append(False)
         runner = _Runner(captured, self.module, wants, self._debug, label)
+        found = _fallback.fallback_ops(captured.model)
+        if found:
+            log(
+                "WARNING",
+                f"{type(self.module).__name__} ({label}): {sum(map(len, found.values()))} ops have no "
+                f"native graphtrain kernel and run through PyTorch's kernels inside the graph: "
+                f"{_fallback.describe_fallbacks(found)}. graphtrain.explain(model, *args) shows how "
+                "every op runs; GRAPHTRAIN_FALLBACK_POLICY=off makes this an error.",
+            )
         log("INFO", f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
                     f"{len(captured.model.graph.node)} nodes")
         return runner

@@ -26,8 +26,9 @@ def away_from_zero(*shape):
 
 
 class Case:
-    def __init__(self, op, inputs, wrt, ref, attrs=None, n_out=1, out_types=None, const=(), opset=18, smooth=True):
-        self.op, self.inputs, self.wrt, self.ref = op, inputs, wrt, ref
+    def __init__(self, op, inputs, wrt, ref, attrs=None, n_out=1, out_types=None, const=(), opset=18, smooth=True,
+                 domain=""):
+        self.op, self.inputs, self.wrt, self.ref, self.domain = op, inputs, wrt, ref, domain
         self.attrs, self.n_out, self.out_types, self.const = attrs or {}, n_out, out_types, const
         self.opset, self.smooth = opset, smooth
 
@@ -37,7 +38,8 @@ class Case:
 
 def graphtrain_grad(case: Case, g_seed: int = 0):
     model = ge.Model.from_bytes(
-        node_model(case.op, case.inputs, case.attrs, case.n_out, case.out_types, case.const, case.opset).SerializeToString()
+        node_model(case.op, case.inputs, case.attrs, case.n_out, case.out_types, case.const, case.opset,
+                   case.domain).SerializeToString()
     )
     fwd, bwd, info = model.gradient_graphs(["out0"], case.wrt, False)
     feeds = {k: v for k, v in case.inputs.items() if v is not None and k not in case.const}
@@ -83,6 +85,28 @@ CASES = [
     Case("Erf", {"x": randn(3, 5)}, ["x"], torch.erf),
     Case("Gelu", {"x": randn(3, 5)}, ["x"], F.gelu, opset=20),
     Case("Gelu", {"x": randn(3, 5)}, ["x"], lambda x: F.gelu(x, approximate="tanh"), {"approximate": "tanh"}, opset=20),
+    Case("Cos", {"x": randn(3, 5)}, ["x"], torch.cos),
+    Case("Sin", {"x": randn(3, 5)}, ["x"], torch.sin),
+    Case("Max", {"a": randn(3, 4), "b": randn(4)}, ["a", "b"], lambda a, b: torch.maximum(a, b), smooth=False),
+    Case("Min", {"a": randn(2, 3, 4), "b": randn(3, 1)}, ["a", "b"], lambda a, b: torch.minimum(a, b), smooth=False),
+    Case("Max", {"a": np.array([1.0, 2.0, 3.0], np.float32), "b": np.array([1.0, 0.0, 3.0], np.float32)}, ["a", "b"],
+         lambda a, b: torch.maximum(a, b), smooth=False),  # ties: half the gradient to each side, as torch
+    Case("Clip", {"x": randn(4, 5), "lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)},
+         ["x", "lo", "hi"], lambda x, lo, hi: torch.clamp(x, lo, hi), smooth=False),
+    Case("Clip", {"x": randn(4, 5), "lo": np.array(-0.5, np.float32)}, ["x"],
+         lambda x, lo: torch.clamp(x, min=lo), const=("lo",), smooth=False),
+    Case("Pad", {"x": randn(2, 3, 4), "p": np.array([0, 1, -1, 0, 2, 2], np.int64)}, ["x"],
+         lambda x, p: F.pad(x, (-1, 2, 1, 2)), const=("p",)),
+    Case("GatherElements", {"x": randn(3, 5), "i": np.array([[0, 4, 4], [1, 1, 0], [2, 3, -1]], np.int64)}, ["x"],
+         lambda x, i: torch.gather(x, 1, i % 5), {"axis": 1}, const=("i",)),
+    Case("Attention", {"q": randn(2, 4, 9, 8), "k": randn(2, 2, 9, 8), "v": randn(2, 2, 9, 6)}, ["q", "k", "v"],
+         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), {"causal": 1},
+         n_out=3, out_types=[TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.INT64], domain="graphtrain"),
+    Case("Attention", {"q": randn(1, 2, 70, 8), "k": randn(1, 2, 150, 8), "v": randn(1, 2, 150, 8),
+                       "m": randn(1, 1, 70, 150)}, ["q", "k", "v"],
+         lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.2), {"scale": 0.2},
+         n_out=3, out_types=[TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.INT64], domain="graphtrain",
+         const=("m",)),
     Case("Softmax", {"x": randn(3, 5)}, ["x"], lambda x: torch.softmax(x, -1), {"axis": -1}),
     Case("Softmax", {"x": randn(3, 5, 2)}, ["x"], lambda x: torch.softmax(x, 1), {"axis": 1}),
     Case("LogSoftmax", {"x": randn(3, 5)}, ["x"], lambda x: torch.log_softmax(x, -1), {"axis": -1}),

@@ -152,6 +152,7 @@ class Cumulative(nn.Module):
 
 
 def test_unsupported_op_names_op_module_and_line():
+    graphtrain.set_option("fallback_policy", "off")
     gm = GraphModule(nn.Sequential(Cumulative()))
     with pytest.raises(UnsupportedModelError) as info:
         gm(torch.randn(2, 4))

@@ -59,7 +59,7 @@ def test_api_setting_wins_and_reload_forgets_it():
         ("GRAPHTRAIN_LOG_LEVEL", "LOUD", "VERBOSE, DEVINFO, INFO, WARNING, ERROR, FATAL"),
         ("GRAPHTRAIN_NUM_THREADS", "-3", "an integer from 0 to 4096"),
         ("GRAPHTRAIN_ENABLE_ZERO_STAGE3", "yes", "0, 1, true, false"),
-        ("GRAPHTRAIN_FALLBACK_POLICY", "sometimes", "OFF, EAGER"),
+        ("GRAPHTRAIN_FALLBACK_POLICY", "sometimes", "ATEN, OFF, EAGER"),
     ],
 )
 def test_bad_environment_value_fails_at_import_naming_variable_value_and_accepted(

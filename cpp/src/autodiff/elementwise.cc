@@ -87,6 +87,41 @@ const bool registered = [] {
         0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
                 {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))}}, GT));
   });
+  register_gradient("", "Cos", [](Ctx& c) {
+    c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Sin", {c.input(0)})})}));
+  });
+  register_gradient("", "Sin", [](Ctx& c) {
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Cos", {c.input(0)})}));
+  });
+  // torch's maximum/minimum: the gradient goes to the larger (smaller) input, half to each on ties.
+  for (const char* op : {"Max", "Min"})
+    register_gradient("", op, [](Ctx& c) {
+      const char* wins = c.node().op_type == "Max" ? "Greater" : "Less";
+      Value* g = c.output_grad(0);
+      Value* zero = c.constant(0.0f);
+      Value* tie = c.op("Equal", {c.input(0), c.input(1)});
+      Value* half = c.op("Mul", {g, c.constant(0.5f)});
+      for (size_t i = 0; i < 2; ++i) {
+        if (!c.wants(i)) continue;
+        Value* win = c.op(wins, {c.input(i), c.input(1 - i)});
+        c.set_grad_reduced(i, c.op("Where", {win, g, c.op("Where", {tie, half, zero})}));
+      }
+    });
+  // torch's clamp: the gradient passes where min <= x <= max; a tensor bound gets it where it
+  // binds.
+  register_gradient("", "Clip", [](Ctx& c) {
+    Value* x = c.input(0);
+    Value* g = c.output_grad(0);
+    Value* zero = c.constant(0.0f);
+    Value* inside = nullptr;
+    for (size_t i = 1; i < 3; ++i) {
+      if (!c.input(i)) continue;
+      Value* ok = c.op(i == 1 ? "GreaterOrEqual" : "LessOrEqual", {x, c.input(i)});
+      inside = inside ? c.op("And", {inside, ok}) : ok;
+      if (c.wants(i)) c.set_grad_reduced(i, c.op("Where", {ok, zero, g}));
+    }
+    c.set_grad(0, inside ? c.op("Where", {inside, g, zero}) : g);
+  });
   register_gradient("", "Identity", [](Ctx& c) { c.set_grad(0, c.output_grad(0)); });
   register_gradient("", "Cast", [](Ctx& c) {
     DType from = c.input(0)->type.dtype;

@@ -76,6 +76,16 @@ const bool registered = [] {
     c.set_grad(0, c.op("GatherGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)},
                        {{"axis", int_attr(c.node().attr_int("axis", 0))}}, GT));
   });
+  register_gradient("", "GatherElements", [](Ctx& c) {
+    c.set_grad(0, c.op("GatherElementsGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)},
+                       {{"axis", int_attr(c.node().attr_int("axis", 0))}}, GT));
+  });
+  // Constant padding: the gradient is the output gradient cropped back (padded by -pads).
+  register_gradient("", "Pad", [](Ctx& c) {
+    if (c.node().attr_string("mode", "constant") != "constant")
+      c.fail("only constant-mode Pad is differentiable");
+    c.set_grad(0, c.op("Pad", {c.output_grad(0), c.op("Neg", {c.input(1)})}));
+  });
   register_gradient("", "Trilu", [](Ctx& c) {
     std::vector<Value*> ins = {c.output_grad(0)};
     if (c.input(1)) ins.push_back(c.input(1));

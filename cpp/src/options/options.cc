@@ -87,10 +87,11 @@ std::vector<OptionSpec> Options::builtin_specs() {
       spec("cache_dir", T::kPath, "", "GRAPHTRAIN_CACHE_DIR",
            "Folder of the on-disk cache of captured graphs; empty disables the cache "
            "(GraphModule)."),
-      spec("fallback_policy", T::kEnum, "OFF", "GRAPHTRAIN_FALLBACK_POLICY",
-           "OFF raises an error naming an unsupported op and its module; EAGER runs plain "
-           "PyTorch instead, with one warning (GraphModule).",
-           {"OFF", "EAGER"}),
+      spec("fallback_policy", T::kEnum, "ATEN", "GRAPHTRAIN_FALLBACK_POLICY",
+           "ATEN runs an op without a native kernel through PyTorch's kernel inside the graph "
+           "(one warning per capture names them); OFF raises an error naming the op and its "
+           "module; EAGER runs the whole module in plain PyTorch, with one warning (GraphModule).",
+           {"ATEN", "OFF", "EAGER"}),
       spec("enable_custom_autograd", T::kBool, "1", "GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD",
            "Keep torch.autograd.Function calls opaque as PythonOp nodes; 0 traces through them "
            "(PythonOp)."),

@@ -53,7 +53,7 @@ void binary(InferenceContext& ctx, DType out_dtype, char value_op) {
 
 const bool registered = [] {
   for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
-                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not"})
+                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Cos", "Sin", "Clip"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
   register_shape_inferer(kGraphtrainDomain, "StopGradient",
                          [](InferenceContext& ctx) { infer_like_input(ctx); });
@@ -71,7 +71,10 @@ const bool registered = [] {
                          [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '/'); });
   register_shape_inferer("", "Pow",
                          [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
-  for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
+  for (const char* op : {"Min", "Max"})
+    register_shape_inferer("", op,
+                           [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
+  for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { binary(ctx, DType::kBool, 0); });
   register_shape_inferer("", "Where", [](InferenceContext& ctx) {
     ctx.set_output(0, ctx.input_dtype(1), broadcast_inputs(ctx, 0, 3));

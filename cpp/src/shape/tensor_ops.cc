@@ -379,6 +379,21 @@ const bool registered = [] {
   register_shape_inferer("", "Reshape", reshape);
   register_shape_inferer("", "Transpose", transpose);
   register_shape_inferer("", "Gather", gather);
+  register_shape_inferer("", "GatherElements", [](InferenceContext& ctx) {
+    const SymShape* idx = ctx.input_shape(1);
+    ctx.set_output(0, ctx.input_dtype(0), idx ? std::optional<SymShape>(*idx) : std::nullopt);
+  });
+  register_shape_inferer(kGraphtrainDomain, "GatherElementsGrad",
+                         [](InferenceContext& ctx) { infer_shape_from_values(ctx, 0, 1); });
+  register_shape_inferer("", "Pad", [](InferenceContext& ctx) {
+    const SymShape* x = ctx.input_shape(0);
+    const auto* pads = ctx.input_values(1);
+    if (!x || !pads || pads->size() != 2 * x->size())
+      return ctx.set_output(0, ctx.input_dtype(0), std::nullopt);
+    SymShape out = *x;
+    for (size_t i = 0; i < x->size(); ++i) out[i] = out[i] + (*pads)[i] + (*pads)[i + x->size()];
+    ctx.set_output(0, ctx.input_dtype(0), out);
+  });
   register_shape_inferer("", "Unsqueeze", unsqueeze);
   register_shape_inferer("", "Squeeze", squeeze);
   register_shape_inferer("", "Concat", concat);

@@ -184,4 +184,4 @@ def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return _inspect(name, tensor)
 
 
-_callbacks.HOOK_KINDS["inspect"] = lambda kind, name, run, value, passive: _inspect(name, value)
+_callbacks.register_hook_kind("inspect", lambda kind, name, run, value, passive: _inspect(name, value))

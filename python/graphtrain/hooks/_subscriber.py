@@ -161,7 +161,8 @@ def _graph_hook(kind: str, path: str, run: _callbacks.CallbackRun, value: Any, p
     return run_post(module, passive, value)
 
 
-_callbacks.HOOK_KINDS["pre"] = _callbacks.HOOK_KINDS["post"] = _graph_hook
+_callbacks.register_hook_kind("pre", _graph_hook)
+_callbacks.register_hook_kind("post", _graph_hook)
 
 
 class SubscriberManager:

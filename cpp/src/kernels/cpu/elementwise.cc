@@ -1,7 +1,8 @@
-// CPU kernels: unary math, binary arithmetic and comparison with broadcasting, Where, Cast, Not,
-// and the gradient kernels of the activations.
+// CPU kernels: unary math, binary arithmetic (Min, Max, Clip), comparison and logic with
+// broadcasting, Where, Cast, Not, and the gradient kernels of the activations.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/common.h"
@@ -124,6 +125,48 @@ template <typename T>
 struct GeOp {
   bool operator()(T x, T y) const { return x >= y; }
 };
+
+template <typename T>
+struct MinOp {
+  T operator()(T x, T y) const { return x != x ? x : (y < x ? y : x); }  // NaN propagates
+};
+template <typename T>
+struct MaxOp {
+  T operator()(T x, T y) const { return x != x ? x : (y > x ? y : x); }
+};
+
+template <bool kAnd>
+void logical(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
+  Tensor& out = ctx.allocate_output(0, BOOL, shape_only.out_shape());
+  binary_broadcast<bool, bool, bool>(ctx, a, b, out,
+                                     [](bool x, bool y) { return kAnd ? x && y : x || y; });
+}
+
+// Clip(x, min?, max?): scalar bounds (absent: unbounded), NaN passes through.
+template <typename T>
+void clip_typed(KernelContext& ctx) {
+  T lo = ctx.has_input(1) ? ctx.input(1).data<T>()[0] : std::numeric_limits<T>::lowest();
+  T hi = ctx.has_input(2) ? ctx.input(2).data<T>()[0] : std::numeric_limits<T>::max();
+  unary_typed<T>(ctx, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });
+}
+
+void clip(KernelContext& ctx) {
+  for (size_t i = 1; i < 3; ++i)
+    if (ctx.has_input(i) && ctx.input(i).numel() != 1)
+      ctx.fail(str_cat("input ", i, " (the bound) must hold one value, has shape ",
+                       ctx.input(i).shape()));
+  switch (ctx.input(0).dtype()) {
+    case F32:
+      return clip_typed<float>(ctx);
+    case I64:
+      return clip_typed<int64_t>(ctx);
+    default:
+      return clip_typed<int32_t>(ctx);
+  }
+}
 
 void pow_kernel(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
@@ -287,6 +330,17 @@ const bool registered = [] {
   register_kernel("", "Mul", {F32, I64, I32}, binary_op<MulOp, false>);
   register_kernel("", "Div", {F32, I64, I32}, binary_op<DivOp, false>);
   register_kernel("", "Pow", {F32}, pow_kernel);
+  register_kernel("", "Min", {F32, I64, I32}, binary_op<MinOp, false>);
+  register_kernel("", "Max", {F32, I64, I32}, binary_op<MaxOp, false>);
+  register_kernel("", "And", {BOOL}, logical<true>);
+  register_kernel("", "Or", {BOOL}, logical<false>);
+  register_kernel("", "Clip", {F32, I64, I32}, clip);
+  register_kernel("", "Cos", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::cos(x); });
+  });
+  register_kernel("", "Sin", {F32}, [](KernelContext& ctx) {
+    unary_f32(ctx, 8, [](float x) { return std::sin(x); });
+  });
   register_kernel("", "Equal", {F32, I64, I32, BOOL}, binary_op<EqOp, true>);
   register_kernel("", "Less", {F32, I64, I32}, binary_op<LtOp, true>);
   register_kernel("", "Greater", {F32, I64, I32}, binary_op<GtOp, true>);

@@ -1,4 +1,4 @@
-// CPU kernels: ops that reshape, move, select or create data; GatherGrad and SliceGrad.
+// CPU kernels: ops that reshape, move, select, pad or create data; their gradient kernels.
 #include <cmath>
 #include <cstring>
 
@@ -183,6 +183,131 @@ void gather(KernelContext& ctx) {
                   row_bytes);
     }
   });
+}
+
+// Pad(data, pads, constant_value?) in constant mode; negative pads crop. pads: [begin..., end...].
+void pad(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::string mode = ctx.node().attr_string("mode", "constant");
+  if (mode != "constant") ctx.fail("mode '" + mode + "' is not supported (constant only)");
+  std::vector<int64_t> pads = ctx.input(1).to_int64_vector();
+  size_t rank = x.rank();
+  if (pads.size() != 2 * rank)
+    ctx.fail(
+        str_cat("pads has ", pads.size(), " values; data of rank ", rank, " needs ", 2 * rank));
+  Shape out_shape(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    out_shape[i] = x.dim(i) + pads[i] + pads[i + rank];
+    if (out_shape[i] < 0) ctx.fail(str_cat("pads ", pads, " crop more than dim ", i, " holds"));
+  }
+  Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
+  size_t es = dtype_size(x.dtype());
+  char* dst = static_cast<char*>(out.raw_data());
+  // The fill value, as bytes of the element type (zero when absent).
+  std::vector<char> fill(es, 0);
+  if (ctx.has_input(2) && ctx.input(2).numel() > 0)
+    std::memcpy(fill.data(), ctx.input(2).raw_data(), es);
+  bool zero_fill = std::all_of(fill.begin(), fill.end(), [](char c) { return c == 0; });
+  if (out.numel() == 0) return;
+  int64_t inner = out_shape[rank - 1];
+  int64_t rows = out.numel() / inner;
+  std::vector<int64_t> xstr = contiguous_strides(x.shape());
+  const char* src = static_cast<const char*>(x.raw_data());
+  int64_t lo = pads[rank - 1], in_inner = x.dim(rank - 1);
+  parallel_for(ctx, rows, inner, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> idx(rank, 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      char* row = dst + r * inner * static_cast<int64_t>(es);
+      // Source row of output row r, or none when a leading index falls in the padding.
+      int64_t rem = r, off = 0;
+      bool inside = true;
+      for (size_t d = rank - 1; d-- > 0;) {
+        int64_t i = rem % out_shape[d] - pads[d];
+        rem /= out_shape[d];
+        if (i < 0 || i >= x.dim(d)) inside = false;
+        off += i * xstr[d];
+      }
+      // Output columns [c0, c1) come from input columns [c0 - lo, c1 - lo).
+      int64_t c0 = inside ? std::clamp<int64_t>(lo, 0, inner) : inner;
+      int64_t c1 = inside ? std::clamp<int64_t>(lo + in_inner, c0, inner) : inner;
+      auto fill_cols = [&](int64_t a, int64_t b) {
+        if (zero_fill) {
+          std::memset(row + a * static_cast<int64_t>(es), 0, static_cast<size_t>(b - a) * es);
+          return;
+        }
+        for (int64_t c = a; c < b; ++c)
+          std::memcpy(row + c * static_cast<int64_t>(es), fill.data(), es);
+      };
+      if (!inside) {
+        fill_cols(0, inner);
+        continue;
+      }
+      fill_cols(0, c0);
+      std::memcpy(row + c0 * static_cast<int64_t>(es),
+                  src + (off + c0 - lo) * static_cast<int64_t>(es),
+                  static_cast<size_t>(c1 - c0) * es);
+      fill_cols(c1, inner);
+    }
+  });
+}
+
+// GatherElements(data, indices): out[i] = data[i with axis index replaced by indices[i]].
+void gather_elements(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  int64_t rank = static_cast<int64_t>(data.rank());
+  if (static_cast<int64_t>(idx.rank()) != rank)
+    ctx.fail(str_cat("indices must have the rank of data (", rank, "), has ", idx.rank()));
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  std::vector<int64_t> indices = idx.to_int64_vector();
+  Tensor& out = ctx.allocate_output(0, data.dtype(), idx.shape());
+  std::vector<int64_t> dstr = contiguous_strides(data.shape());
+  size_t es = dtype_size(data.dtype());
+  const char* src = static_cast<const char*>(data.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  int64_t n = data.dim(static_cast<size_t>(axis));
+  for (int64_t e = 0; e < out.numel(); ++e) {
+    int64_t rem = e, off = 0;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      int64_t i = rem % idx.dim(static_cast<size_t>(d));
+      rem /= idx.dim(static_cast<size_t>(d));
+      if (d == axis) {
+        i = indices[static_cast<size_t>(e)];
+        if (i < -n || i >= n) ctx.fail(str_cat("index ", i, " is out of range for axis size ", n));
+        if (i < 0) i += n;
+      }
+      off += i * dstr[static_cast<size_t>(d)];
+    }
+    std::memcpy(dst + e * static_cast<int64_t>(es), src + off * static_cast<int64_t>(es), es);
+  }
+}
+
+// GatherElementsGrad(dy, data_shape, indices): dy scattered (added) into zeros of data's shape,
+// in element order (deterministic).
+void gather_elements_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  Shape xs = shape_input(ctx, 1);
+  std::vector<int64_t> indices = ctx.input(2).to_int64_vector();
+  int64_t rank = static_cast<int64_t>(xs.size());
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  Tensor& dx = ctx.allocate_output(0, F32, xs);
+  std::memset(dx.raw_data(), 0, dx.nbytes());
+  std::vector<int64_t> xstr = contiguous_strides(xs);
+  const float* g = dy.data<float>();
+  float* o = dx.data<float>();
+  int64_t n = xs[static_cast<size_t>(axis)];
+  for (int64_t e = 0; e < dy.numel(); ++e) {
+    int64_t rem = e, off = 0;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      int64_t i = rem % dy.dim(static_cast<size_t>(d));
+      rem /= dy.dim(static_cast<size_t>(d));
+      if (d == axis)
+        i = indices[static_cast<size_t>(e)] < 0 ? indices[static_cast<size_t>(e)] + n
+                                                : indices[static_cast<size_t>(e)];
+      off += i * xstr[static_cast<size_t>(d)];
+    }
+    o[off] += g[e];
+  }
 }
 
 void concat(KernelContext& ctx) {
@@ -475,6 +600,9 @@ const bool registered = [] {
   register_kernel(KernelDef{
       "", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
   register_kernel(GT, "GatherGrad", {F32}, gather_grad);
+  register_kernel("", "Pad", {}, pad);
+  register_kernel("", "GatherElements", {}, gather_elements);
+  register_kernel(GT, "GatherElementsGrad", {F32}, gather_elements_grad);
   register_kernel(GT, "SliceGrad", {F32}, slice_grad);
   return true;
 }();

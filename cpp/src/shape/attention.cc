@@ -1,0 +1,39 @@
+// Shape inference: Attention and AttentionGrad.
+#include "graphtrain/ops.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+namespace {
+
+constexpr const char* GT = kGraphtrainDomain;
+
+void attention(InferenceContext& ctx) {
+  const SymShape* q = ctx.input_shape(0);
+  const SymShape* v = ctx.input_shape(2);
+  DType dtype = ctx.input_dtype(0);
+  ctx.set_output(2, DType::kInt64, SymShape{});
+  if (!q || !v) {
+    ctx.set_output(0, dtype, std::nullopt);
+    ctx.set_output(1, DType::kFloat32, std::nullopt);
+    return;
+  }
+  if (q->size() < 2 || v->size() != q->size())
+    ctx.fail(str_cat("Q and V must have the same rank, 2 or more; got ", sym_shape_to_string(*q),
+                     " and ", sym_shape_to_string(*v)));
+  SymShape y = *q;
+  y.back() = v->back();
+  ctx.set_output(0, dtype, y);
+  ctx.set_output(1, DType::kFloat32, SymShape(q->begin(), q->end() - 1));
+}
+
+const bool registered = [] {
+  register_shape_inferer(GT, "Attention", attention);
+  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV)
+  register_shape_inferer(GT, "AttentionGrad", [](InferenceContext& ctx) {
+    for (size_t i = 0; i < 3; ++i) infer_like_input(ctx, i, i + 1);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain

@@ -1,0 +1,188 @@
+"""ATen ops that real models use run natively in the engine (no ATen fallback), with the values and
+gradients of eager PyTorch. The engine-level kernels and gradient rules of the ONNX ops they become
+are checked against torch and finite differences in test_gradients.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import graphtrain
+from graphtrain import GraphModule
+
+
+class Op(nn.Module):
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.linspace(-1.0, 1.5, 6))
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        return self.fn(x * self.w, *rest)
+
+
+def _inplace_relu(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1.0
+    z = y.relu_()
+    return y + z  # reads the written tensor again
+
+
+def _fill(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    y[:, 0:2].fill_(0.5)  # in place through views: the base sees the writes
+    y[1] = 2.0
+    y[:, -1] = x[:, 0] * 3
+    return y * x
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    y = torch.zeros_like(x)
+    y.copy_(x * 2)
+    return y + x.new_ones(x.shape) + torch.full_like(x, 3.0) + x.new_zeros(x.shape[0], 6)
+
+
+def _unbind(x: torch.Tensor) -> torch.Tensor:
+    a, b, c = x.reshape(-1, 3, 2).unbind(1)
+    return a * b - c
+
+
+def _index2(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, 2, 3)[i[:, None], j[:2]] * 2
+
+
+def _embedding(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    table = x.reshape(-1, 6)
+    return F.embedding(ids, table, padding_idx=1)
+
+
+def _and(x: torch.Tensor) -> torch.Tensor:
+    keep = (x > -0.5) & (x < 0.8) | (x > 1.2)
+    return torch.where(keep, x, x * 0.1)
+
+
+CASES = {
+    "cos_sin": (lambda x: torch.cos(x) * torch.sin(2 * x), ()),
+    "relu_": (_inplace_relu, ()),
+    "fill_": (_fill, ()),
+    "copy_new_like": (_copy, ()),
+    "min_max": (lambda x: torch.min(x, x * 0.5 - 0.2) + torch.maximum(x, torch.tensor(0.3)), ()),
+    "unbind": (_unbind, ()),
+    "hardswish": (lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4), ()),
+    "hardswish_": (lambda x: F.hardswish((x * 4).clone(), inplace=True), ()),
+    "dropout_p0": (lambda x: F.dropout(x.clone(), 0.0, training=True, inplace=True), ()),
+    "diff": (lambda x: torch.diff(x, dim=-1) + torch.diff(x, n=2, dim=0).sum(), ()),
+    "clamp": (lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1) + x.clamp(max=torch.tensor(0.2)), ()),
+    "rms_norm": (lambda x: F.rms_norm(x, (6,), torch.ones(6) * 1.5, eps=1e-6), ()),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.25) * 2, ()),
+    "gather": (lambda x, i: torch.gather(x, 1, i), ("gather_index",)),
+    "index1": (lambda x, i: x[:, i] * 3, ("index",)),
+    "index2": (_index2, ("rows", "cols")),
+    "embedding_padding_idx": (_embedding, ("ids",)),
+    "and_or": (_and, ()),
+}
+
+EXTRA = {
+    "gather_index": lambda b: torch.tensor([[0, 5, 5, 1]] * b),
+    "index": lambda b: torch.tensor([4, 0, 0, 2]),
+    "rows": lambda b: torch.tensor([0, 1, 1]),
+    "cols": lambda b: torch.tensor([1, 0, 1]),
+    "ids": lambda b: torch.tensor([[0, 1, 2], [1, 1, 0]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_is_native_and_matches_eager(name):
+    fn, extra = CASES[name]
+    torch.manual_seed(0)
+    model = Op(fn)
+    gm = GraphModule(model)
+    for batch in (4, 5):
+        x = torch.randn(batch, 6, requires_grad=True)
+        rest = [EXTRA[e](batch) for e in extra]
+        ref = model(x, *rest)
+        g = torch.randn_like(ref)
+        (gx_ref, gw_ref) = torch.autograd.grad(ref, (x, model.w), g)
+        out = gm(x, *rest)
+        (gx, gw) = torch.autograd.grad(out, (x, model.w), g)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gw, gw_ref, rtol=1e-5, atol=1e-5)
+    assert gm.captures == 1
+    report = graphtrain.explain(model, torch.randn(4, 6), *[EXTRA[e](4) for e in extra])
+    assert report.captured and report.fallback_ops == [], str(report)
+
+
+class Attention(nn.Module):
+    def __init__(self, **kw: object) -> None:
+        super().__init__()
+        self.kw = kw
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
+        q = self.q(x)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kw)
+
+
+@pytest.mark.parametrize(
+    "kw, mask, heads",
+    [
+        ({}, None, (4, 4)),
+        ({"is_causal": True}, None, (4, 4)),
+        ({}, "bool", (4, 4)),
+        ({"scale": 0.3}, "float", (4, 4)),
+        ({"is_causal": True, "enable_gqa": True}, None, (4, 2)),
+    ],
+)
+def test_attention_is_one_native_op(kw, mask, heads):
+    torch.manual_seed(0)
+    model = Attention(**kw)
+    gm = GraphModule(model)
+    hq, hk = heads
+    for length in (70, 9):  # more than one tile, and less
+        x = torch.randn(2, hq, length, 8, requires_grad=True)
+        k = torch.randn(2, hk, length, 8, requires_grad=True)
+        v = torch.randn(2, hk, length, 8, requires_grad=True)
+        args = [x, k, v]
+        if mask == "bool":
+            m = torch.rand(2, 1, length, length) > 0.3
+            m[0, 0, 3] = False  # a fully masked row gives zeros, as in torch
+            args.append(m)
+        elif mask == "float":
+            args.append(torch.randn(1, hq, length, length))
+        ref = model(*args)
+        g = torch.randn_like(ref)
+        grads_ref = torch.autograd.grad(ref, (x, k, v, model.q.weight), g)
+        out = gm(*args)
+        grads = torch.autograd.grad(out, (x, k, v, model.q.weight), g)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        for a, b in zip(grads, grads_ref):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert gm.captures == 1
+    assert graphtrain.explain(model, *args).fallback_ops == []
+
+
+def test_attention_dropout_is_statistically_right():
+    """Dropout inside attention: outputs average to the undropped attention, and the backward uses
+    the forward's mask (a zero-dropout run's gradient is the expectation of the dropped ones)."""
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 32, 8), torch.randn(1, 1, 32, 8)
+    v = torch.randn(1, 1, 32, 8, requires_grad=True)
+    gm = GraphModule(Attention(dropout_p=0.3))
+    gm.module.q = nn.Identity()
+    full = F.scaled_dot_product_attention(q, k, v.detach())
+    runs = 400
+    acc = torch.zeros_like(full)
+    grad = torch.zeros_like(v)
+    for _ in range(runs):
+        out = gm(q, k, v)
+        (g,) = torch.autograd.grad(out.sum(), v)
+        acc += out.detach()
+        grad += g
+        assert ((out == 0).float().mean() < 0.5).item()
+    (g_full,) = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v).sum(), v)
+    torch.testing.assert_close(acc / runs, full, rtol=0, atol=0.05)
+    torch.testing.assert_close(grad / runs, g_full, rtol=0, atol=0.15)
