@@ -1,0 +1,96 @@
+"""Small random-init configurations of real Hugging Face transformers models (default settings:
+sdpa attention, default cache behaviour; dropout 0) and their inputs, for the real-model tests and
+the benchmark. No weights are downloaded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import transformers as tf
+
+tf.logging.set_verbosity_error()
+
+VOCAB = 96
+
+
+def _tokens(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=gen)
+
+
+def gpt2() -> torch.nn.Module:
+    cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return tf.GPT2LMHeadModel(cfg)
+
+
+def gpt2_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    ids = _tokens(batch, 16, gen)
+    return {"input_ids": ids, "labels": ids}
+
+
+def bert() -> torch.nn.Module:
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, num_labels=3)
+    return tf.BertForSequenceClassification(cfg)
+
+
+def bert_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    ids = _tokens(batch, 16, gen)
+    mask = torch.ones(batch, 16, dtype=torch.long)
+    for row in range(batch):  # padding of a different length in each row
+        mask[row, 16 - 3 * row % 12:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 3, (batch,), generator=gen)}
+
+
+def llama() -> torch.nn.Module:
+    cfg = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0)
+    return tf.LlamaForCausalLM(cfg)
+
+
+def llama_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    ids = _tokens(batch, 16, gen)
+    return {"input_ids": ids, "labels": ids}
+
+
+def vit() -> torch.nn.Module:
+    cfg = tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                       image_size=16, patch_size=4, num_labels=3, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    return tf.ViTForImageClassification(cfg)
+
+
+def image_inputs(size: int) -> Callable[[int, torch.Generator], dict[str, Any]]:
+    def make(batch: int, gen: torch.Generator) -> dict[str, Any]:
+        return {"pixel_values": torch.randn(batch, 3, size, size, generator=gen),
+                "labels": torch.randint(0, 3, (batch,), generator=gen)}
+
+    return make
+
+
+def resnet() -> torch.nn.Module:
+    cfg = tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, layer_type="basic")
+    return tf.ResNetForImageClassification(cfg)
+
+
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]] = {
+    "gpt2": (gpt2, gpt2_inputs),
+    "bert": (bert, bert_inputs),
+    "llama": (llama, llama_inputs),
+    "vit": (vit, image_inputs(16)),
+    "resnet": (resnet, image_inputs(32)),
+}
+
+
+def build(name: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = MODELS[name][0]()
+    model.train()
+    return model
+
+
+def inputs(name: str, batch: int, seed: int) -> dict[str, Any]:
+    return MODELS[name][1](batch, torch.Generator().manual_seed(seed))
