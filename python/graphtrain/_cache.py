@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import json
 import os
+import stat
 import sys
 import tempfile
 from typing import Any
@@ -61,7 +62,7 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
             h.update(b"\0")
 
     add(FORMAT, OPSET, __version__, torch.__version__, training, _rank(), schema,
-        options()["enable_custom_autograd"].value)
+        options()["enable_custom_autograd"].value, options()["fallback_policy"].value)
     seen: set[type] = set()
     for name, sub in module.named_modules():
         cls = type(sub)
@@ -105,7 +106,9 @@ def save(path: str, captured: Captured, seconds: float) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # a new cache folder is the user's alone
+    if not _trusted(folder):
+        return
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".onnx")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -119,9 +122,32 @@ def save(path: str, captured: Captured, seconds: float) -> None:
         raise
 
 
+def _untrusted(path: str) -> str:
+    """Why `path` may hold what another user wrote (owned by someone else, or writable by group or
+    others, as ssh judges key files), or "" when it can only be this user's."""
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        return f"it is owned by user id {st.st_uid}, not by this user ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def _trusted(where: str) -> bool:
+    why = _untrusted(where)
+    if why:
+        log_once("WARNING", f"not using the graph cache at {where}: {why}. A cached graph runs as code; "
+                            "make it yours with no write access for others (chmod go-w), or point "
+                            "GRAPHTRAIN_CACHE_DIR elsewhere. Capturing instead.", key=("untrusted-cache", where))
+    return not why
+
+
 def load(path: str) -> tuple[Captured, float] | None:
-    """The cached capture at `path`, or None when there is none or it is unusable (warned once)."""
+    """The cached capture at `path`, or None when there is none or it is unusable (warned once).
+    A graph another user could have written is never loaded: it could train wrong in silence."""
     if not os.path.exists(path):
+        return None
+    if not (_trusted(os.path.dirname(path)) and _trusted(path)):
         return None
     try:
         model = onnx.ModelProto()

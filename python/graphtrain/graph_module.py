@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -114,6 +115,27 @@ class _EngineFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
+# A GraphModule holds at most MAX_GRAPHS graphs (one per input schema and mode), and warns once
+# when it has made WARN_CAPTURES of them: usually a Python number argument that changes every call.
+MAX_GRAPHS = 8
+WARN_CAPTURES = 8
+
+
+def _changing_arguments(old: Any, new: Any, args: Any, kwargs: Any) -> list[str]:
+    """The arguments (as `args[1]`, `kwargs['scale']`) whose constant value differs between two
+    input schemas of the same structure."""
+    (old_spec, old_leaves), (new_spec, new_leaves) = old, new
+    if old_spec != new_spec:
+        return []
+    paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path((args, kwargs))[0]]
+    names = []
+    for path, a, b in zip(paths, old_leaves, new_leaves):
+        if a != b and a[0] == b[0] == "const":
+            names.append(path.replace("[0]", "args", 1) if path.startswith("[0]") else
+                         path.replace("[1]", "kwargs", 1))
+    return names
+
+
 def _describe(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
         return ("tensor", leaf.dtype, leaf.dim(), leaf.requires_grad, leaf.device.type)
@@ -140,9 +162,10 @@ class GraphModule(torch.nn.Module):
         self.module = module
         self._debug = debug_options or DebugOptions()
         self._debug.apply()
-        self._runners: dict[Any, _Runner] = {}
+        self._runners: OrderedDict[Any, _Runner] = OrderedDict()  # least recently used first
         self._eager = False
         self.captures = 0  # graphs captured with torch.export (cache hits do not count)
+        self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
 
@@ -157,7 +180,9 @@ class GraphModule(torch.nn.Module):
         hooks = self._hooks
         key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()), hooks)
         runner = self._runners.get(key)
-        if runner is None:
+        if runner is not None:
+            self._runners.move_to_end(key)
+        else:
             try:
                 runner = self._capture(flat, spec, (schema, hooks) if hooks else schema)
             except UnsupportedModelError as e:
@@ -167,7 +192,7 @@ class GraphModule(torch.nn.Module):
                     self._eager = True
                     return self.module(*args, **kwargs)
                 raise
-            self._runners[key] = runner
+            self._keep(key, runner, args, kwargs)
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         all_inputs = runner.tensors(tensors_in)
         needs_grad = torch.is_grad_enabled() and runner.forward is not None and any(
@@ -185,6 +210,25 @@ class GraphModule(torch.nn.Module):
             for x in runner.captured.out_leaves
         ]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)
+
+    def _keep(self, key: Any, runner: _Runner, args: Any, kwargs: Any) -> None:
+        """Holds the new graph, dropping the least recently used beyond MAX_GRAPHS; the first time
+        a GraphModule reaches WARN_CAPTURES graphs, names the argument whose changes cause them."""
+        if self._runners:
+            previous = next(reversed(self._runners))
+            changing = _changing_arguments(previous[0], key[0], args, kwargs)
+        else:
+            changing = []
+        self._runners[key] = runner
+        while len(self._runners) > MAX_GRAPHS:
+            self._runners.popitem(last=False)
+        self._graphs_made += 1
+        if self._graphs_made == WARN_CAPTURES:
+            what = (f"argument {', '.join(changing)} changes between calls, and each new value is a new "
+                    "graph. Pass it as a tensor (torch.tensor(value)) so that one graph serves every value"
+                    if changing else "the arguments' structure, dtypes or the module's mode keep changing")
+            log("WARNING", f"GraphModule({type(self.module).__name__}) has captured {WARN_CAPTURES} graphs: "
+                           f"{what}. It keeps the {MAX_GRAPHS} most recently used graphs.")
 
     def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
         refresh_rank()

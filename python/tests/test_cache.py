@@ -102,3 +102,29 @@ def test_two_processes_writing_one_key(tmp_path):
     assert len(files) == 1 and files[0].suffix == ".onnx"  # one whole file, no temporary left
     onnx.checker.check_model(onnx.load(files[0]))
     assert run(tmp_path)[0] == 0
+
+
+def test_new_cache_folder_is_private(tmp_path):
+    cache = tmp_path / "shared" / "graphs"
+    run(cache)
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    assert all((p.stat().st_mode & 0o077) == 0 for p in cache.iterdir())
+
+
+def test_graph_another_user_could_write_is_refused_with_one_warning(tmp_path):
+    _, loss, _ = run(tmp_path)
+    (path,) = tmp_path.glob("*.onnx")
+    path.chmod(0o664)  # group-writable: someone else could have planted it
+    captures, loss2, log = run(tmp_path)
+    assert captures == 1 and loss2 == loss
+    assert log.count("not using the graph cache") == 1 and "writable by group or others (mode 664)" in log
+    path.chmod(0o600)
+    assert run(tmp_path)[0] == 0
+    tmp_path.chmod(0o777)  # a folder anyone can write into: nothing in it is trusted
+    captures, _, log = run(tmp_path)
+    assert captures == 1 and f"not using the graph cache at {tmp_path}" in log
+    tmp_path.chmod(0o700)
+    if os.getuid() == 0:  # root can give the file away
+        os.chown(path, 12345, -1)
+        captures, _, log = run(tmp_path)
+        assert captures == 1 and "owned by user id 12345" in log

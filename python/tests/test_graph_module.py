@@ -194,3 +194,58 @@ def test_module_scopes_stay_on_the_nodes(tmp_path):
     model = onnx.load(tmp_path / "mlp_train_forward.onnx")
     scopes = {p.value for n in model.graph.node for p in n.metadata_props if p.key == "graphtrain.scope"}
     assert {"model.fc1", "model.norm", "model.fc2", "model.head"} <= scopes
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return (self.proj(x) * scale).sum()
+
+
+def test_a_number_argument_that_changes_every_call_is_named_once_and_graphs_stay_bounded(caplog):
+    gm = GraphModule(Scaled())
+    with caplog.at_level(logging.WARNING, logger="graphtrain"):
+        for step in range(20):
+            gm(torch.randn(2, 4), scale=0.1 * step).backward()
+    warnings = [r.getMessage() for r in caplog.records if "has captured" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "argument kwargs['scale'] changes between calls" in warnings[0] and "torch.tensor" in warnings[0]
+    assert gm.captures == 20 and len(gm._runners) == graphtrain.graph_module.MAX_GRAPHS
+    # the most recently used graphs are the ones kept: the last value runs without a capture
+    gm(torch.randn(2, 4), scale=0.1 * 19)
+    assert gm.captures == 20
+
+
+def test_threads_each_training_their_own_graph_module():
+    """torch.export is not thread-safe; captures take one lock, runs stay concurrent."""
+    import threading
+
+    results: dict[int, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def train(k: int) -> None:
+        try:
+            torch.manual_seed(k)
+            ref = training_model("mlp")
+            gm = GraphModule(copy.deepcopy(ref))
+            losses = []
+            for step in range(3):
+                inputs = training_inputs("mlp", seed=step)
+                ours = gm(*inputs)
+                ours.backward()
+                theirs = ref(*inputs)
+                losses.append(abs(ours.item() - theirs.item()))
+            results[k] = losses
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=train, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 3 and max(max(v) for v in results.values()) < 1e-5
