@@ -23,13 +23,14 @@ BUILD_STAMP := $(DEV_BUILD)/.graphtrain-installed
 SOURCES := CMakeLists.txt pyproject.toml $(shell find cpp python/graphtrain -type f \
 	\( -name '*.cc' -o -name '*.h' -o -name '*.py' -o -name CMakeLists.txt \) 2>/dev/null)
 
-.PHONY: demo test build deps apt cpp-test py-test format format-check readme clean
+.PHONY: demo test build deps apt cpp-test py-test lint format format-check readme clean
 
 demo: build
 	@$(PY) examples/demo.py
 
 test: build
 	@status=0; \
+	$(MAKE) --no-print-directory lint || status=1; \
 	$(MAKE) --no-print-directory cpp-test || status=1; \
 	$(MAKE) --no-print-directory py-test || status=1; \
 	exit $$status
@@ -75,11 +76,22 @@ endif
 py-test: build
 	$(PY) -m pytest -q python/tests
 
-format:
-	clang-format -i $$(find cpp -name '*.cc' -o -name '*.h')
+PY_DIRS := python bench examples scripts
 
-format-check:
-	clang-format --dry-run --Werror $$(find cpp -name '*.cc' -o -name '*.h')
+# Formatting and lint: C++ by clang-format (.clang-format), Python by ruff (pyproject.toml).
+lint: $(VENV_STAMP)
+	@clang-format --dry-run --Werror $$(find cpp examples -name '*.cc' -o -name '*.h')
+	@$(VENV)/bin/ruff format --check --quiet $(PY_DIRS) || \
+	  { echo "Python files need formatting: run 'make format'"; exit 1; }
+	@$(VENV)/bin/ruff check --quiet $(PY_DIRS)
+	@echo "lint: clang-format and ruff clean"
+
+format: $(VENV_STAMP)
+	clang-format -i $$(find cpp examples -name '*.cc' -o -name '*.h')
+	$(VENV)/bin/ruff format $(PY_DIRS)
+	$(VENV)/bin/ruff check --fix --quiet $(PY_DIRS)
+
+format-check: lint
 
 # Regenerates the options table in README.md from the C++ registry.
 readme: build

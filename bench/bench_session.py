@@ -21,16 +21,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import median_ms, rss_kib  # noqa: E402
 from configs import CONFIGS, describe_models  # noqa: E402
+from machine import median_ms, rss_kib  # noqa: E402
 
 
 def worker(runtime: str, model: str, path: str, threads: int, iters: int) -> dict:
     from models import example_inputs
 
     cfg = CONFIGS[model]
-    inputs = example_inputs(model, cfg["batch"], cfg["seq"], width=cfg["sizes"].get("d_in", 32),
-                            image=cfg.get("image", 16))
+    inputs = example_inputs(
+        model,
+        cfg["batch"],
+        cfg["seq"],
+        width=cfg["sizes"].get("d_in", 32),
+        image=cfg.get("image", 16),
+    )
     if runtime == "graphtrain":
         import graphtrain.engine as ge
 
@@ -52,7 +57,10 @@ def worker(runtime: str, model: str, path: str, threads: int, iters: int) -> dic
         run = lambda: sess.run(None, feeds)  # noqa: E731
     for _ in range(3):
         run()
-    return {"median_ms": median_ms(lambda i: run(), iters), "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+    return {
+        "median_ms": median_ms(lambda i: run(), iters),
+        "peak_mib": (rss_kib("VmHWM") - base) / 1024,
+    }
 
 
 def main() -> int:
@@ -73,22 +81,49 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for model, cfg in CONFIGS.items():
             path = os.path.join(d, f"{model}.onnx")
-            export(model, path, example=dict(width=cfg["sizes"].get("d_in", 32), image=cfg.get("image", 16)),
-                   **cfg["sizes"])
+            export(
+                model,
+                path,
+                example=dict(width=cfg["sizes"].get("d_in", 32), image=cfg.get("image", 16)),
+                **cfg["sizes"],
+            )
             for threads in (1, 2):
                 result = {}
                 for runtime in ("graphtrain", "onnxruntime"):
                     out = subprocess.run(
-                        [sys.executable, __file__, "--worker", runtime, model, path, str(threads), str(iters)],
-                        capture_output=True, text=True, check=True,
+                        [
+                            sys.executable,
+                            __file__,
+                            "--worker",
+                            runtime,
+                            model,
+                            path,
+                            str(threads),
+                            str(iters),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
                     )
                     result[runtime] = json.loads(out.stdout.strip().splitlines()[-1])
                 g, o = result["graphtrain"], result["onnxruntime"]
-                rows.append((model, threads, g["median_ms"], o["median_ms"], o["median_ms"] / g["median_ms"],
-                             g["peak_mib"], o["peak_mib"]))
-                print(f"{model:8s} threads={threads}: graphtrain {g['median_ms']:8.2f} ms  onnxruntime "
-                      f"{o['median_ms']:8.2f} ms  speed ratio (ort/gt) {rows[-1][4]:5.2f}  peak MiB gt "
-                      f"{g['peak_mib']:6.1f} ort {o['peak_mib']:6.1f}", flush=True)
+                rows.append(
+                    (
+                        model,
+                        threads,
+                        g["median_ms"],
+                        o["median_ms"],
+                        o["median_ms"] / g["median_ms"],
+                        g["peak_mib"],
+                        o["peak_mib"],
+                    )
+                )
+                print(
+                    f"{model:8s} threads={threads}: graphtrain {g['median_ms']:8.2f} ms  onnxruntime "
+                    f"{o['median_ms']:8.2f} ms  speed ratio (ort/gt) {rows[-1][4]:5.2f}  peak MiB gt "
+                    f"{g['peak_mib']:6.1f} ort {o['peak_mib']:6.1f}",
+                    flush=True,
+                )
     lines = [
         "# Forward pass: graphtrain Session vs onnxruntime",
         "",
@@ -101,7 +136,9 @@ def main() -> int:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.1f} | {r[6]:.1f} |")
+        lines.append(
+            f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.1f} | {r[6]:.1f} |"
+        )
     lines += ["", describe_models(), ""]
     write_results("session_forward.md", lines)
     return 0

@@ -43,7 +43,9 @@ def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
     if runner.endswith("+ stats"):
         from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
 
-        SubscriberManager().subscribe(net, [StatisticsSubscriber(out_dir, override_output_dir=True)])
+        SubscriberManager().subscribe(
+            net, [StatisticsSubscriber(out_dir, override_output_dir=True)]
+        )
     if runner.startswith("GraphModule"):
         import graphtrain
 
@@ -66,7 +68,9 @@ def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="skip torch.compile (slow to compile)"
+    )
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -87,8 +91,20 @@ def main() -> int:
             result = {}
             for runner in runners:
                 env = dict(os.environ, GRAPHTRAIN_NUM_THREADS="1", OMP_NUM_THREADS="1")
-                out = subprocess.run([sys.executable, __file__, "--worker", runner, model, os.path.join(d, "dump"),
-                                      str(iters)], capture_output=True, text=True, env=env)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        runner,
+                        model,
+                        os.path.join(d, "dump"),
+                        str(iters),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
                 if out.returncode != 0:
                     print(f"{model} {runner} failed: {out.stderr.strip().splitlines()[-1:]}")
                     result[runner] = None
@@ -102,7 +118,11 @@ def main() -> int:
             print(line, flush=True)
 
     def ratio(result: dict, a: str, b: str) -> str:
-        return f"{result[a]['median_ms'] / result[b]['median_ms']:.2f}" if result.get(a) and result.get(b) else "-"
+        return (
+            f"{result[a]['median_ms'] / result[b]['median_ms']:.2f}"
+            if result.get(a) and result.get(b)
+            else "-"
+        )
 
     lines = [
         "# StatisticsSubscriber overhead: step time with and without it, eager and GraphModule",
@@ -116,8 +136,9 @@ def main() -> int:
         "tensor (42 per GPT step): its statistics (~1.5 ns per value), its text and binary records and one file; "
         f"dumps went to {shm or 'a temporary folder'}, and a slower file system adds to it.",
         "",
-        "| model | modules | " + " | ".join(f"{r} ms" for r in runners) +
-        " | eager stats / eager | GraphModule stats / GraphModule |",
+        "| model | modules | "
+        + " | ".join(f"{r} ms" for r in runners)
+        + " | eager stats / eager | GraphModule stats / GraphModule |",
         "|---|---|" + "---|" * len(runners) + "---|---|",
     ]
     for model, result in rows:

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import median_ms, rss_kib  # noqa: E402
 from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
+from machine import median_ms, rss_kib  # noqa: E402
 
 
 def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict:
@@ -74,14 +74,19 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
     first = time.perf_counter() - t0
     for i in range(1, 3):
         step(i)
-    return {"median_ms": median_ms(step, iters), "first_s": first,
-            "peak_mib": (rss_kib("VmHWM") - base) / 1024}
+    return {
+        "median_ms": median_ms(step, iters),
+        "first_s": first,
+        "peak_mib": (rss_kib("VmHWM") - base) / 1024,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="skip torch.compile (slow to compile)"
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -94,7 +99,8 @@ def main() -> int:
 
     iters = 10 if args.quick else 30
     runners = ["GraphModule", "GraphModule (cache)", "TrainingSession", "eager"] + (
-        [] if args.no_compile else ["torch.compile"])
+        [] if args.no_compile else ["torch.compile"]
+    )
     rows = []
     with tempfile.TemporaryDirectory() as d:
         cache = os.path.join(d, "cache")
@@ -104,18 +110,35 @@ def main() -> int:
             for threads in (1, 2):
                 result = {}
                 for runner in runners:
-                    env = dict(os.environ, GRAPHTRAIN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+                    env = dict(
+                        os.environ,
+                        GRAPHTRAIN_NUM_THREADS=str(threads),
+                        OMP_NUM_THREADS=str(threads),
+                    )
                     if runner == "GraphModule":  # cold: a fresh cache, filled for the next runner
                         env["GRAPHTRAIN_CACHE_DIR"] = os.path.join(cache, f"{model}-{threads}")
                     elif runner == "GraphModule (cache)":
                         env["GRAPHTRAIN_CACHE_DIR"] = os.path.join(cache, f"{model}-{threads}")
                     out = subprocess.run(
-                        [sys.executable, __file__, "--worker", runner, model, path, str(threads), str(iters)],
-                        capture_output=True, text=True, env=env,
+                        [
+                            sys.executable,
+                            __file__,
+                            "--worker",
+                            runner,
+                            model,
+                            path,
+                            str(threads),
+                            str(iters),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        env=env,
                     )
                     if out.returncode != 0:
                         result[runner] = None
-                        print(f"{model} {runner} threads={threads} failed: {out.stderr.strip().splitlines()[-1:]}")
+                        print(
+                            f"{model} {runner} threads={threads} failed: {out.stderr.strip().splitlines()[-1:]}"
+                        )
                         continue
                     result[runner] = json.loads(out.stdout.strip().splitlines()[-1])
                 rows.append((model, threads, result))
@@ -123,7 +146,8 @@ def main() -> int:
                 line = f"{model:8s} threads={threads}: GraphModule {g['median_ms']:8.2f} ms"
                 for r in runners[1:]:
                     if result.get(r):
-                        line += f" | {r} {result[r]['median_ms']:8.2f} ms (x{result[r]['median_ms'] / g['median_ms']:.2f})"
+                        ms = result[r]["median_ms"]
+                        line += f" | {r} {ms:8.2f} ms (x{ms / g['median_ms']:.2f})"
                 print(line, flush=True)
     lines = [
         "# Training step: graphtrain (GraphModule, TrainingSession) vs PyTorch eager and torch.compile",
@@ -147,8 +171,10 @@ def main() -> int:
                 lines.append(f"| {model} | {threads} | {r} | failed | | | |")
                 continue
             ratio = res["median_ms"] / g["median_ms"]
-            lines.append(f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
-                         f"{res['peak_mib']:.1f} |")
+            lines.append(
+                f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
+                f"{res['peak_mib']:.1f} |"
+            )
     lines += ["", describe_models(), ""]
     write_results("training_step.md", lines)
     return 0

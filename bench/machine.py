@@ -53,7 +53,9 @@ def describe() -> str:
     import numpy
     import torch
 
-    versions = f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}"
+    versions = (
+        f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}"
+    )
     try:
         import onnxruntime
 

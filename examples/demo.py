@@ -47,8 +47,8 @@ def batches(text: str, steps: int) -> tuple[list[tuple[torch.Tensor, torch.Tenso
     out = []
     for _ in range(steps):
         starts = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=g)
-        ids = torch.stack([data[s:s + SEQ] for s in starts])
-        out.append((ids, torch.stack([data[s + 1:s + SEQ + 1] for s in starts])))
+        ids = torch.stack([data[s : s + SEQ] for s in starts])
+        out.append((ids, torch.stack([data[s + 1 : s + SEQ + 1] for s in starts])))
     return out, len(chars)
 
 
@@ -67,9 +67,15 @@ def train(model: torch.nn.Module, data: list, label: str) -> tuple[list[float], 
         losses.append(loss.item())
         if tty or i % 50 == 0 or i == len(data):
             filled = i * 30 // len(data)
-            line = (f"  {label:11s} step {i:4d}/{len(data)} [{'#' * filled}{'.' * (30 - filled)}] "
-                    f"loss {losses[-1]:.4f}  {i / (time.perf_counter() - start):6.1f} steps/s")
-            print(("\r" + line) if tty else line, end="" if tty and i < len(data) else "\n", flush=True)
+            line = (
+                f"  {label:11s} step {i:4d}/{len(data)} [{'#' * filled}{'.' * (30 - filled)}] "
+                f"loss {losses[-1]:.4f}  {i / (time.perf_counter() - start):6.1f} steps/s"
+            )
+            print(
+                ("\r" + line) if tty else line,
+                end="" if tty and i < len(data) else "\n",
+                flush=True,
+            )
     return losses, times
 
 
@@ -82,7 +88,9 @@ def plot(path: str, eager: list[float], graph: list[float]) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     steps = np.arange(1, len(eager) + 1)
     ax.plot(steps, eager, label="PyTorch eager", linewidth=2.5, color="#1f77b4")
-    ax.plot(steps, graph, label="graphtrain GraphModule", linewidth=1.2, color="#ff7f0e", linestyle="--")
+    ax.plot(
+        steps, graph, label="graphtrain GraphModule", linewidth=1.2, color="#ff7f0e", linestyle="--"
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_title("GPT-style model on Python's standard library text")
@@ -94,7 +102,9 @@ def plot(path: str, eager: list[float], graph: list[float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--plot", default=str(ROOT / "build" / "demo_loss.png"))
     args = parser.parse_args()
@@ -105,9 +115,11 @@ def main() -> None:
     eager = GPT(vocab=vocab, dim=64, heads=4, layers=2, max_len=SEQ)
     wrapped = graphtrain.GraphModule(copy.deepcopy(eager))
     params = sum(p.numel() for p in eager.parameters())
-    print(f"graphtrain {graphtrain.__version__}: a GPT-style model ({params:,} parameters, vocabulary {vocab}) on "
-          f"{len(text):,} characters of the standard library, {args.steps} AdamW steps, batch {BATCH} x {SEQ}, "
-          f"{torch.get_num_threads()} threads\n")
+    print(
+        f"graphtrain {graphtrain.__version__}: a GPT-style model ({params:,} parameters, vocabulary {vocab}) on "
+        f"{len(text):,} characters of the standard library, {args.steps} AdamW steps, batch {BATCH} x {SEQ}, "
+        f"{torch.get_num_threads()} threads\n"
+    )
     eager_losses, eager_times = train(eager, data, "PyTorch")
     graph_losses, graph_times = train(wrapped, data, "graphtrain")
 
@@ -115,11 +127,15 @@ def main() -> None:
     rel = np.abs(g - e) / np.abs(e)
     first = 20
     print(f"\nloss: {e[0]:.4f} -> {e[-1]:.4f} (PyTorch), {g[0]:.4f} -> {g[-1]:.4f} (graphtrain)")
-    print(f"parity: largest relative difference over the first {first} steps {rel[:first].max():.1e} "
-          f"(the promise: 1e-4); over all {args.steps} steps {rel.max():.1e}")
+    print(
+        f"parity: largest relative difference over the first {first} steps {rel[:first].max():.1e} "
+        f"(the promise: 1e-4); over all {args.steps} steps {rel.max():.1e}"
+    )
     te, tg = np.median(eager_times[1:]) * 1e3, np.median(graph_times[1:]) * 1e3
-    print(f"speed: PyTorch {te:.2f} ms/step, graphtrain {tg:.2f} ms/step (median): graphtrain is {te / tg:.2f}x "
-          f"PyTorch's speed; its first step, with capture and graph building, took {graph_times[0]:.2f} s")
+    print(
+        f"speed: PyTorch {te:.2f} ms/step, graphtrain {tg:.2f} ms/step (median): graphtrain is {te / tg:.2f}x "
+        f"PyTorch's speed; its first step, with capture and graph building, took {graph_times[0]:.2f} s"
+    )
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(args.plot, eager_losses, graph_losses)
     print(f"plot of both loss curves: {args.plot}")

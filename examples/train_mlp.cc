@@ -50,7 +50,8 @@ int main() {
       float best_v = -1e30f;
       for (int64_t c = 0; c < classes; ++c) {
         float v = 0;
-        for (int64_t i = 0; i < in; ++i) v += x.data<float>()[b * in + i] * teacher.data<float>()[i * classes + c];
+        for (int64_t i = 0; i < in; ++i)
+          v += x.data<float>()[b * in + i] * teacher.data<float>()[i * classes + c];
         if (v > best_v) best_v = v, best = c;
       }
       y.data<int64_t>()[b] = best;

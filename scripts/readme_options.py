@@ -1,7 +1,7 @@
 """Keeps the options table in README.md equal to the C++ registry.
 
-    python scripts/readme_options.py          # exit 1 and show the difference when out of date
-    python scripts/readme_options.py --write  # rewrite the table in place
+python scripts/readme_options.py          # exit 1 and show the difference when out of date
+python scripts/readme_options.py --write  # rewrite the table in place
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import _C  # noqa: E402  (a bad GRAPHTRAIN_* variable raises OptionError here, early)
+from . import _C  # noqa: E402, F401  (a bad GRAPHTRAIN_* variable raises OptionError here, early)
 from ._options import Option, RuntimeOptions, options, reload_options, set_option  # noqa: E402
 from .debug_options import DebugOptions  # noqa: E402
 from .errors import GraphtrainError, OptionError, UnsupportedModelError  # noqa: E402
@@ -22,6 +22,7 @@ def __getattr__(name: str) -> object:
 
         return explain
     raise AttributeError(f"module 'graphtrain' has no attribute {name!r}")
+
 
 __all__ = [
     "DebugOptions",

@@ -51,6 +51,7 @@ def axis(a: int, r: int) -> int:
 
 # ---- elementwise -------------------------------------------------------------------------------
 
+
 def _binary(onnx_op: str) -> Callable:
     def translate(n: torch.fx.Node, t: Translator) -> str:
         a, b = n.args[0], n.args[1]
@@ -92,11 +93,21 @@ def _unary(onnx_op: str, domain: str = "") -> Callable:
     return lambda n, t: t.emit(onnx_op, [t.value(n.args[0])], domain=domain)
 
 
-for _target, _name in [(aten.relu.default, "Relu"), (aten.relu_.default, "Relu"), (aten.tanh.default, "Tanh"),
-                       (aten.sigmoid.default, "Sigmoid"), (aten.exp.default, "Exp"), (aten.log.default, "Log"),
-                       (aten.sqrt.default, "Sqrt"), (aten.neg.default, "Neg"), (aten.abs.default, "Abs"),
-                       (aten.erf.default, "Erf"), (aten.reciprocal.default, "Reciprocal"),
-                       (aten.cos.default, "Cos"), (aten.sin.default, "Sin")]:
+for _target, _name in [
+    (aten.relu.default, "Relu"),
+    (aten.relu_.default, "Relu"),
+    (aten.tanh.default, "Tanh"),
+    (aten.sigmoid.default, "Sigmoid"),
+    (aten.exp.default, "Exp"),
+    (aten.log.default, "Log"),
+    (aten.sqrt.default, "Sqrt"),
+    (aten.neg.default, "Neg"),
+    (aten.abs.default, "Abs"),
+    (aten.erf.default, "Erf"),
+    (aten.reciprocal.default, "Reciprocal"),
+    (aten.cos.default, "Cos"),
+    (aten.sin.default, "Sin"),
+]:
     op(_target)(_unary(_name))
 
 
@@ -165,8 +176,14 @@ op(aten.minimum.default, aten.min.other)(_binary("Min"))
 op(aten.maximum.default, aten.max.other)(_binary("Max"))
 
 
-@op(aten.logical_and.default, aten.bitwise_and.Tensor, aten.__and__.Tensor,
-    aten.logical_or.default, aten.bitwise_or.Tensor, aten.__or__.Tensor)
+@op(
+    aten.logical_and.default,
+    aten.bitwise_and.Tensor,
+    aten.__and__.Tensor,
+    aten.logical_or.default,
+    aten.bitwise_or.Tensor,
+    aten.__or__.Tensor,
+)
 def _logical(n: torch.fx.Node, t: Translator) -> str:
     a, b = n.args[0], n.args[1]
     if val(a).dtype != torch.bool or val(b).dtype != torch.bool:
@@ -175,8 +192,14 @@ def _logical(n: torch.fx.Node, t: Translator) -> str:
     return t.emit(name, [t.value(a), t.value(b)])
 
 
-@op(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
-    aten.clip.default, aten.hardtanh.default)
+@op(
+    aten.clamp.default,
+    aten.clamp.Tensor,
+    aten.clamp_min.default,
+    aten.clamp_max.default,
+    aten.clip.default,
+    aten.hardtanh.default,
+)
 def _clamp(n: torch.fx.Node, t: Translator) -> str:
     x = n.args[0]
     if n.target == aten.clamp_min.default:
@@ -188,7 +211,12 @@ def _clamp(n: torch.fx.Node, t: Translator) -> str:
     else:
         lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
         hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
-    if isinstance(lo, torch.fx.Node) and val(lo).numel() != 1 or isinstance(hi, torch.fx.Node) and val(hi).numel() != 1:
+    if (
+        isinstance(lo, torch.fx.Node)
+        and val(lo).numel() != 1
+        or isinstance(hi, torch.fx.Node)
+        and val(hi).numel() != 1
+    ):
         t.unsupported(n, "clamp by tensor bounds of more than one element")
     bounds = ["" if b is None else t.operand(b, x) for b in (lo, hi)]
     while bounds and not bounds[-1]:
@@ -199,8 +227,14 @@ def _clamp(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.hardsigmoid.default, aten.hardswish.default, aten.hardswish_.default)
 def _hard(n: torch.fx.Node, t: Translator) -> str:
     x = n.args[0]
-    gate = t.emit("Clip", [t.emit("Add", [t.emit("Div", [t.value(x), t.scalar(6.0, x)]), t.scalar(0.5, x)]),
-                           t.scalar(0.0, x), t.scalar(1.0, x)])
+    gate = t.emit(
+        "Clip",
+        [
+            t.emit("Add", [t.emit("Div", [t.value(x), t.scalar(6.0, x)]), t.scalar(0.5, x)]),
+            t.scalar(0.0, x),
+            t.scalar(1.0, x),
+        ],
+    )
     if n.target == aten.hardsigmoid.default:
         return gate
     return t.emit("Mul", [t.value(x), gate])
@@ -233,13 +267,20 @@ def _where(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Where", [t.value(c), t.operand(x, like), t.operand(y, like)])
 
 
-@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Scalar, aten.masked_fill_.Tensor)
+@op(
+    aten.masked_fill.Scalar,
+    aten.masked_fill.Tensor,
+    aten.masked_fill_.Scalar,
+    aten.masked_fill_.Tensor,
+)
 def _masked_fill(n: torch.fx.Node, t: Translator) -> str:
     x, mask, value = n.args
     return t.emit("Where", [t.value(mask), t.operand(value, x), t.value(x)])
 
 
-@op(aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.type_as.default, aten.to.device)
+@op(
+    aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.type_as.default, aten.to.device
+)
 def _cast(n: torch.fx.Node, t: Translator) -> str:
     src, dst = val(n.args[0]).dtype, val(n).dtype
     x = t.value(n.args[0])
@@ -247,6 +288,7 @@ def _cast(n: torch.fx.Node, t: Translator) -> str:
 
 
 # ---- linear algebra ----------------------------------------------------------------------------
+
 
 @op(aten.linear.default)
 def _linear(n: torch.fx.Node, t: Translator) -> str:
@@ -264,15 +306,24 @@ def _matmul(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.addmm.default)
 def _addmm(n: torch.fx.Node, t: Translator) -> str:
     c, a, b = n.args[:3]
-    return t.emit("Gemm", [t.value(a), t.value(b), t.value(c)], alpha=float(n.kwargs.get("alpha", 1.0)),
-                  beta=float(n.kwargs.get("beta", 1.0)))
+    return t.emit(
+        "Gemm",
+        [t.value(a), t.value(b), t.value(c)],
+        alpha=float(n.kwargs.get("alpha", 1.0)),
+        beta=float(n.kwargs.get("beta", 1.0)),
+    )
 
 
 # ---- shapes and data movement ------------------------------------------------------------------
 
+
 @op(aten.t.default)
 def _t(n: torch.fx.Node, t: Translator) -> str:
-    return t.emit("Transpose", [t.value(n.args[0])], perm=[1, 0]) if rank(n.args[0]) == 2 else t.value(n.args[0])
+    return (
+        t.emit("Transpose", [t.value(n.args[0])], perm=[1, 0])
+        if rank(n.args[0]) == 2
+        else t.value(n.args[0])
+    )
 
 
 @op(aten.transpose.int)
@@ -326,7 +377,9 @@ def _squeeze(n: torch.fx.Node, t: Translator) -> str:
     dims = [dims] if isinstance(dims, int) else list(dims)
     shape = val(x).shape
     dims = [d for d in dims if shape[d] == 1]  # torch ignores dims that are not 1
-    return t.emit("Squeeze", [t.value(x), t.ints(dims)]) if dims else t.emit("Identity", [t.value(x)])
+    return (
+        t.emit("Squeeze", [t.value(x), t.ints(dims)]) if dims else t.emit("Identity", [t.value(x)])
+    )
 
 
 @op(aten.expand_as.default)
@@ -355,7 +408,9 @@ def _split(n: torch.fx.Node, t: Translator) -> list[str]:
     x = n.args[0]
     dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
     outs = val(n)
-    sizes = [int(o.shape[dim]) if not isinstance(o.shape[dim], torch.SymInt) else None for o in outs]
+    sizes = [
+        int(o.shape[dim]) if not isinstance(o.shape[dim], torch.SymInt) else None for o in outs
+    ]
     if None in sizes:
         t.unsupported(n, "a split along a dynamic dimension")
     return t.emit("Split", [t.value(x), t.ints(sizes)], n_out=len(sizes), axis=dim)
@@ -376,8 +431,10 @@ def _slice(n: torch.fx.Node, t: Translator) -> str:
     step = n.args[4] if len(n.args) > 4 else 1
     start = 0 if start is None else start
     end = INT64_MAX if end is None else min(end, INT64_MAX) if isinstance(end, int) else end
-    return t.emit("Slice", [t.value(x), t.shape_vector([start]), t.shape_vector([end]), t.ints([dim]),
-                            t.ints([step])])
+    return t.emit(
+        "Slice",
+        [t.value(x), t.shape_vector([start]), t.shape_vector([end]), t.ints([dim]), t.ints([step])],
+    )
 
 
 @op(aten.slice_scatter.default, aten.select_scatter.default)
@@ -404,18 +461,35 @@ def _scatter_into_slice(n: torch.fx.Node, t: Translator) -> str:
         if not isinstance(start, int) or start < 0 or isinstance(end, int) and end < 0:
             t.unsupported(n, "writing a slice with negative or computed bounds")
         src_value = t.value(src)
-    n_dim = t.emit("Squeeze", [t.emit("Shape", [t.value(base)], start=dim, end=dim + 1), t.ints([0])])
-    positions = t.emit("Range", [t.const(np.array(0, np.int64)), n_dim, t.const(np.array(1, np.int64))])
+    n_dim = t.emit(
+        "Squeeze", [t.emit("Shape", [t.value(base)], start=dim, end=dim + 1), t.ints([0])]
+    )
+    positions = t.emit(
+        "Range", [t.const(np.array(0, np.int64)), n_dim, t.const(np.array(1, np.int64))]
+    )
     end_v = t.scalar_int(min(end, INT64_MAX)) if isinstance(end, int) else t.scalar_int(end)
-    inside = t.emit("And", [t.emit("GreaterOrEqual", [positions, t.scalar_int(start)]),
-                            t.emit("Less", [positions, end_v])])
+    inside = t.emit(
+        "And",
+        [
+            t.emit("GreaterOrEqual", [positions, t.scalar_int(start)]),
+            t.emit("Less", [positions, end_v]),
+        ],
+    )
     src_len = t.emit("Shape", [src_value], start=dim, end=dim + 1)
     last = t.emit("Sub", [src_len, t.ints([1])])
-    shifted = t.emit("Clip", [t.emit("Sub", [positions, t.scalar_int(start)]), t.scalar_int(0),
-                              t.emit("Squeeze", [last, t.ints([0])])])
+    shifted = t.emit(
+        "Clip",
+        [
+            t.emit("Sub", [positions, t.scalar_int(start)]),
+            t.scalar_int(0),
+            t.emit("Squeeze", [last, t.ints([0])]),
+        ],
+    )
     gathered = t.emit("Gather", [src_value, shifted], axis=dim)
     # inside, shaped [n, 1, ..., 1] to broadcast along dim.
-    mask = t.emit("Reshape", [inside, t.emit("Concat", [t.ints([-1]), t.ints([1] * (r - 1 - dim))], axis=0)])
+    mask = t.emit(
+        "Reshape", [inside, t.emit("Concat", [t.ints([-1]), t.ints([1] * (r - 1 - dim))], axis=0)]
+    )
     return t.emit("Where", [mask, gathered, t.value(base)])
 
 
@@ -451,7 +525,9 @@ def _embedding(n: torch.fx.Node, t: Translator) -> str:
     if padding_idx not in (-1, None):
         # The padding row reads its value but gets no gradient: that row goes through StopGradient.
         rows = t.emit("Squeeze", [t.emit("Shape", [table], start=0, end=1), t.ints([0])])
-        row_ids = t.emit("Range", [t.const(np.array(0, np.int64)), rows, t.const(np.array(1, np.int64))])
+        row_ids = t.emit(
+            "Range", [t.const(np.array(0, np.int64)), rows, t.const(np.array(1, np.int64))]
+        )
         pad = t.emit("Unsqueeze", [t.emit("Equal", [row_ids, t.ints([padding_idx])]), t.ints([1])])
         frozen = t.emit("StopGradient", [table], domain=GT)
         table = t.emit("Where", [pad, frozen, table])
@@ -501,18 +577,33 @@ def _unbind(n: torch.fx.Node, t: Translator) -> list[str]:
     count = val(x).shape[dim]
     if not isinstance(count, int):
         t.unsupported(n, "unbind over a dimension whose size changes between calls")
-    parts = t.emit("Split", [t.value(x), t.ints([1] * count)], n_out=count, axis=dim) if count > 1 else [t.value(x)]
+    parts = (
+        t.emit("Split", [t.value(x), t.ints([1] * count)], n_out=count, axis=dim)
+        if count > 1
+        else [t.value(x)]
+    )
     return [t.emit("Squeeze", [p, t.ints([dim])]) for p in parts]
 
 
 @op(aten.pad.default, aten.constant_pad_nd.default)
 def _pad(n: torch.fx.Node, t: Translator) -> str:
     x, pads = n.args[0], list(n.args[1])
-    mode = n.args[2] if n.target == aten.pad.default and len(n.args) > 2 else n.kwargs.get("mode", "constant")
+    mode = (
+        n.args[2]
+        if n.target == aten.pad.default and len(n.args) > 2
+        else n.kwargs.get("mode", "constant")
+    )
     if mode != "constant":
         t.unsupported(n, f"padding in {mode} mode")
-    value = n.args[3] if n.target == aten.pad.default and len(n.args) > 3 else (
-        n.args[2] if n.target == aten.constant_pad_nd.default and len(n.args) > 2 else n.kwargs.get("value"))
+    value = (
+        n.args[3]
+        if n.target == aten.pad.default and len(n.args) > 3
+        else (
+            n.args[2]
+            if n.target == aten.constant_pad_nd.default and len(n.args) > 2
+            else n.kwargs.get("value")
+        )
+    )
     r = rank(x)
     if any(not isinstance(p, int) for p in pads):
         t.unsupported(n, "padding by sizes that change between calls")
@@ -528,6 +619,7 @@ def _pad(n: torch.fx.Node, t: Translator) -> str:
 
 # ---- creation ----------------------------------------------------------------------------------
 
+
 @op(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _arange(n: torch.fx.Node, t: Translator) -> str:
     args = list(n.args)
@@ -541,7 +633,9 @@ def _arange(n: torch.fx.Node, t: Translator) -> str:
 
 @op(aten.full.default, aten.zeros.default, aten.ones.default)
 def _full(n: torch.fx.Node, t: Translator) -> str:
-    value = {aten.zeros.default: 0, aten.ones.default: 1}.get(n.target, n.args[1] if len(n.args) > 1 else 0)
+    value = {aten.zeros.default: 0, aten.ones.default: 1}.get(
+        n.target, n.args[1] if len(n.args) > 1 else 0
+    )
     return _filled(t, val(n).dtype, t.shape_vector(n.args[0]), value)
 
 
@@ -552,15 +646,21 @@ def _filled(t: Translator, dtype: torch.dtype, shape: str, value: Any) -> str:
 
 @op(aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default)
 def _new_filled(n: torch.fx.Node, t: Translator) -> str:
-    value = {aten.new_zeros.default: 0, aten.new_ones.default: 1, aten.new_empty.default: 0}.get(n.target)
+    value = {aten.new_zeros.default: 0, aten.new_ones.default: 1, aten.new_empty.default: 0}.get(
+        n.target
+    )
     if value is None:
         value = n.args[2]
     return _filled(t, val(n).dtype, t.shape_vector(n.args[1]), value)
 
 
-@op(aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default)
+@op(
+    aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default
+)
 def _filled_like(n: torch.fx.Node, t: Translator) -> str:
-    value = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.empty_like.default: 0}.get(n.target)
+    value = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.empty_like.default: 0}.get(
+        n.target
+    )
     if value is None:
         value = n.args[1]
     return _filled(t, val(n).dtype, t.emit("Shape", [t.value(n.args[0])]), value)
@@ -597,10 +697,13 @@ def _scalar_tensor(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.triu.default, aten.tril.default)
 def _trilu(n: torch.fx.Node, t: Translator) -> str:
     k = n.args[1] if len(n.args) > 1 else 0
-    return t.emit("Trilu", [t.value(n.args[0]), t.scalar_int(k)], upper=int(n.target == aten.triu.default))
+    return t.emit(
+        "Trilu", [t.value(n.args[0]), t.scalar_int(k)], upper=int(n.target == aten.triu.default)
+    )
 
 
 # ---- reductions and normalization --------------------------------------------------------------
+
 
 def _reduce(onnx_op: str) -> Callable:
     def translate(n: torch.fx.Node, t: Translator) -> str:
@@ -679,8 +782,12 @@ def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
     if val(target).dtype.is_floating_point:
         t.unsupported(n, "cross entropy with class probabilities as targets")
     inputs = [t.value(scores), t.value(target)] + ([t.value(weight)] if weight is not None else [])
-    return t.emit("SoftmaxCrossEntropyLoss", inputs, reduction=["none", "mean", "sum"][reduction],
-                  ignore_index=int(ignore))
+    return t.emit(
+        "SoftmaxCrossEntropyLoss",
+        inputs,
+        reduction=["none", "mean", "sum"][reduction],
+        ignore_index=int(ignore),
+    )
 
 
 @op(aten.dropout.default, aten.dropout_.default)
@@ -689,7 +796,11 @@ def _dropout(n: torch.fx.Node, t: Translator) -> str:
     if not train or p == 0.0:
         out = t.emit("Identity", [t.value(x)])
     else:
-        out = t.emit("Dropout", [t.value(x), t.const(np.array(p, np.float32)), t.const(np.array(True))], n_out=2)[0]
+        out = t.emit(
+            "Dropout",
+            [t.value(x), t.const(np.array(p, np.float32)), t.const(np.array(True))],
+            n_out=2,
+        )[0]
     return out
 
 
@@ -703,7 +814,9 @@ def _rms_norm(n: torch.fx.Node, t: Translator) -> str:
     axes = list(range(rank(x) - len(shape), rank(x)))
     xv = t.value(x)
     ms = t.emit("ReduceMean", [t.emit("Mul", [xv, xv]), t.ints(axes)], keepdims=1)
-    out = t.emit("Mul", [xv, t.emit("Reciprocal", [t.emit("Sqrt", [t.emit("Add", [ms, t.scalar(eps, x)])])])])
+    out = t.emit(
+        "Mul", [xv, t.emit("Reciprocal", [t.emit("Sqrt", [t.emit("Add", [ms, t.scalar(eps, x)])])])]
+    )
     return t.emit("Mul", [out, t.value(weight)]) if weight is not None else out
 
 
@@ -718,14 +831,21 @@ def _batch_norm(n: torch.fx.Node, t: Translator) -> str:
     inputs = [t.value(x), w_name, b_name, t.value(mean), t.value(var)]
     if not training:
         return t.emit("BatchNormalization", inputs, epsilon=float(eps))
-    y, new_mean, new_var = t.emit("BatchNormalization", inputs, n_out=3, domain=GT, epsilon=float(eps),
-                                  momentum=float(momentum))
+    y, new_mean, new_var = t.emit(
+        "BatchNormalization",
+        inputs,
+        n_out=3,
+        domain=GT,
+        epsilon=float(eps),
+        momentum=float(momentum),
+    )
     t.mutated(mean, new_mean)
     t.mutated(var, new_var)
     return y
 
 
 # ---- convolution and pooling -------------------------------------------------------------------
+
 
 def _pair(v: Any, spatial: int) -> list[int]:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
@@ -737,8 +857,11 @@ def _conv(n: torch.fx.Node, t: Translator) -> str:
     args = list(n.args) + [None] * 7
     x, w, b, stride, padding, dilation, groups = args[:7]
     spatial = rank(x) - 2
-    attrs: dict[str, Any] = {"strides": _pair(stride or 1, spatial), "dilations": _pair(dilation or 1, spatial),
-                             "group": int(groups or 1)}
+    attrs: dict[str, Any] = {
+        "strides": _pair(stride or 1, spatial),
+        "dilations": _pair(dilation or 1, spatial),
+        "group": int(groups or 1),
+    }
     if isinstance(padding, str):
         if padding == "same":
             attrs["auto_pad"] = "SAME_UPPER"
@@ -758,8 +881,16 @@ def _max_pool(n: torch.fx.Node, t: Translator) -> str:
     k = _pair(kernel, 2)
     s = _pair(stride, 2) if stride not in (None, []) else k
     p = _pair(padding or 0, 2)
-    out = t.emit("MaxPool", [t.value(x)], n_out=2, kernel_shape=k, strides=s, pads=p + p,
-                 dilations=_pair(dilation or 1, 2), ceil_mode=int(bool(ceil)))
+    out = t.emit(
+        "MaxPool",
+        [t.value(x)],
+        n_out=2,
+        kernel_shape=k,
+        strides=s,
+        pads=p + p,
+        dilations=_pair(dilation or 1, 2),
+        ceil_mode=int(bool(ceil)),
+    )
     return out[0]
 
 
@@ -772,8 +903,15 @@ def _avg_pool(n: torch.fx.Node, t: Translator) -> str:
     k = _pair(kernel, 2)
     s = _pair(stride, 2) if stride not in (None, []) else k
     p = _pair(padding or 0, 2)
-    return t.emit("AveragePool", [t.value(x)], kernel_shape=k, strides=s, pads=p + p, ceil_mode=int(bool(ceil)),
-                  count_include_pad=int(True if include_pad is None else bool(include_pad)))
+    return t.emit(
+        "AveragePool",
+        [t.value(x)],
+        kernel_shape=k,
+        strides=s,
+        pads=p + p,
+        ceil_mode=int(bool(ceil)),
+        count_include_pad=int(True if include_pad is None else bool(include_pad)),
+    )
 
 
 @op(aten.adaptive_avg_pool2d.default)
@@ -785,6 +923,7 @@ def _adaptive_avg_pool(n: torch.fx.Node, t: Translator) -> str:
 
 
 # ---- symbolic sizes ----------------------------------------------------------------------------
+
 
 @op(aten.sym_size.int)
 def _sym_size(n: torch.fx.Node, t: Translator) -> str:
@@ -807,5 +946,8 @@ op(operator.sub)(_sym_binary("Sub"))
 op(operator.floordiv)(_sym_binary("Div"))
 
 # Checks torch.export inserts; nothing to compute.
-SKIPPED = {aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default,
-           torch.ops.aten.sym_constrain_range_for_size.default}
+SKIPPED = {
+    aten._assert_tensor_metadata.default,
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+}

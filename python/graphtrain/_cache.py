@@ -21,9 +21,9 @@ import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from ._structure import leaf_from_json, leaf_to_json
 from ._capture import OPSET, Captured, GraphInput
 from ._options import options
+from ._structure import leaf_from_json, leaf_to_json
 from .log import log, log_once
 
 FORMAT = 1
@@ -61,8 +61,17 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
             h.update(repr(item).encode())
             h.update(b"\0")
 
-    add(FORMAT, OPSET, __version__, torch.__version__, training, _rank(), schema,
-        options()["enable_custom_autograd"].value, options()["fallback_policy"].value)
+    add(
+        FORMAT,
+        OPSET,
+        __version__,
+        torch.__version__,
+        training,
+        _rank(),
+        schema,
+        options()["enable_custom_autograd"].value,
+        options()["fallback_policy"].value,
+    )
     seen: set[type] = set()
     for name, sub in module.named_modules():
         cls = type(sub)
@@ -90,16 +99,18 @@ def save(path: str, captured: Captured, seconds: float) -> None:
     except TypeError as e:
         log("DEVINFO", f"capture not cached: the module returns {e}, which cannot be stored")
         return
-    meta = json.dumps({
-        "format": FORMAT,
-        "inputs": [[i.kind, i.key, i.name] for i in captured.inputs],
-        "outputs": captured.outputs,
-        "output_float": captured.output_float,
-        "buffer_updates": captured.buffer_updates,
-        "out_spec": pytree.treespec_dumps(captured.out_spec),
-        "out_leaves": leaves,
-        "capture_seconds": seconds,
-    })
+    meta = json.dumps(
+        {
+            "format": FORMAT,
+            "inputs": [[i.kind, i.key, i.name] for i in captured.inputs],
+            "outputs": captured.outputs,
+            "output_float": captured.output_float,
+            "buffer_updates": captured.buffer_updates,
+            "out_spec": pytree.treespec_dumps(captured.out_spec),
+            "out_leaves": leaves,
+            "capture_seconds": seconds,
+        }
+    )
     model = onnx.ModelProto()
     model.CopyFrom(captured.model)
     for key, value in ((_META_KEY, meta), (_SUM_KEY, _checksum(model, meta))):
@@ -136,9 +147,13 @@ def _untrusted(path: str) -> str:
 def _trusted(where: str) -> bool:
     why = _untrusted(where)
     if why:
-        log_once("WARNING", f"not using the graph cache at {where}: {why}. A cached graph runs as code; "
-                            "make it yours with no write access for others (chmod go-w), or point "
-                            "GRAPHTRAIN_CACHE_DIR elsewhere. Capturing instead.", key=("untrusted-cache", where))
+        log_once(
+            "WARNING",
+            f"not using the graph cache at {where}: {why}. A cached graph runs as code; "
+            "make it yours with no write access for others (chmod go-w), or point "
+            "GRAPHTRAIN_CACHE_DIR elsewhere. Capturing instead.",
+            key=("untrusted-cache", where),
+        )
     return not why
 
 
@@ -165,12 +180,18 @@ def load(path: str) -> tuple[Captured, float] | None:
         captured = Captured(
             model=model,
             inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],
-            outputs=m["outputs"], output_float=m["output_float"],
+            outputs=m["outputs"],
+            output_float=m["output_float"],
             buffer_updates=[tuple(x) for x in m["buffer_updates"]],
-            out_spec=pytree.treespec_loads(m["out_spec"]), out_leaves=leaves,
+            out_spec=pytree.treespec_loads(m["out_spec"]),
+            out_leaves=leaves,
         )
         return captured, float(m["capture_seconds"])
     except Exception as e:  # noqa: BLE001 - any defect means: capture again
-        log_once("WARNING", f"the cached graph {path} is unusable ({type(e).__name__}: {e}); capturing "
-                            "again and replacing it", key=("bad-cache", path))
+        log_once(
+            "WARNING",
+            f"the cached graph {path} is unusable ({type(e).__name__}: {e}); capturing "
+            "again and replacing it",
+            key=("bad-cache", path),
+        )
         return None

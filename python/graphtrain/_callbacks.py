@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _aten, _C
-from ._structure import TENSOR, describe_structure, leaf_from_json, rebuild
+from . import _C, _aten
+from ._structure import describe_structure, leaf_from_json, rebuild
 
 _local = threading.local()
 
@@ -70,8 +70,10 @@ def recording(run: CallbackRun | None) -> Iterator[None]:
 def current_run() -> CallbackRun:
     run = getattr(_local, "run", None)
     if run is None:
-        raise RuntimeError("a graphtrain callback node ran outside a GraphModule call; graphs with hooks or "
-                           "PythonOps run through GraphModule")
+        raise RuntimeError(
+            "a graphtrain callback node ran outside a GraphModule call; graphs with hooks or "
+            "PythonOps run through GraphModule"
+        )
     return run
 
 
@@ -92,13 +94,18 @@ def parsed_info(info: str) -> dict:
 
 # ---- the marker op of capture ----------------------------------------------------------------------
 
+
 @torch.library.custom_op("graphtrain::hook", mutates_args=())
-def _hook_op(xs: list[torch.Tensor], kind: str, module: str, num_passive: int, info: str) -> list[torch.Tensor]:
+def _hook_op(
+    xs: list[torch.Tensor], kind: str, module: str, num_passive: int, info: str
+) -> list[torch.Tensor]:
     return [x.clone() for x in xs[num_passive:]]
 
 
 @_hook_op.register_fake
-def _(xs: list[torch.Tensor], kind: str, module: str, num_passive: int, info: str) -> list[torch.Tensor]:
+def _(
+    xs: list[torch.Tensor], kind: str, module: str, num_passive: int, info: str
+) -> list[torch.Tensor]:
     return [torch.empty_like(x) for x in xs[num_passive:]]
 
 
@@ -121,7 +128,9 @@ def mark(kind: str, module: str, value: Any, passive: Any = ()) -> Any:
     info = json.dumps({"value": desc, "passive": passive_desc})
     outs = iter(_hook_op(passive_tensors + tensors, kind, module, len(passive_tensors), info))
     leaves, spec = pytree.tree_flatten(value)
-    return pytree.tree_unflatten([next(outs) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    return pytree.tree_unflatten(
+        [next(outs) if isinstance(x, torch.Tensor) else x for x in leaves], spec
+    )
 
 
 # ---- run time ------------------------------------------------------------------------------------
@@ -148,22 +157,28 @@ def _hook(attrs: dict, inputs: list[Any]) -> list[Any]:
     results = [x for x in pytree.tree_leaves(new_value) if isinstance(x, torch.Tensor)]
     where = f"the subscribers of module '{path or '(root)'}' ({kind} forward)"
     if len(results) != len(values):
-        raise RuntimeError(f"{where} returned {len(results)} tensors where the module has {len(values)}; a "
-                           "subscriber may replace tensors, not add or drop them")
+        raise RuntimeError(
+            f"{where} returned {len(results)} tensors where the module has {len(values)}; a "
+            "subscriber may replace tensors, not add or drop them"
+        )
     out: list[Any] = []
     for i, (v, r) in enumerate(zip(values, results)):
         if r is proxies[i] or r is v:
             out.append(v)
             continue
         if r.shape != v.shape or r.dtype != v.dtype:
-            raise RuntimeError(f"{where} replaced tensor {i} ({v.dtype} {list(v.shape)}) by a {r.dtype} "
-                               f"{list(r.shape)} tensor; a replacement must keep shape and dtype")
+            raise RuntimeError(
+                f"{where} replaced tensor {i} ({v.dtype} {list(v.shape)}) by a {r.dtype} "
+                f"{list(r.shape)} tensor; a replacement must keep shape and dtype"
+            )
         out.append(r.detach().contiguous())
     # Kept for HookGrad only when it has something to run (tensor hooks, a replaced tensor's
     # autograd graph); otherwise gradients pass and the module outputs are not held until backward.
     key = -1
-    if run.training and any(pr is not v and (r is not pr or getattr(pr, "_backward_hooks", None))
-                            for pr, v, r in zip(proxies, values, results)):
+    if run.training and any(
+        pr is not v and (r is not pr or getattr(pr, "_backward_hooks", None))
+        for pr, v, r in zip(proxies, values, results)
+    ):
         key = run.keep((proxies, results))
     return out + [context_tensor(key)]
 
@@ -193,7 +208,11 @@ def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
             outs.append(r)
             outs_grads.append(g)
     wrt = [pr for pr in proxies if isinstance(pr, torch.Tensor) and pr.requires_grad]
-    got = iter(torch.autograd.grad(outs, wrt, outs_grads, allow_unused=True) if outs and wrt else [None] * len(wrt))
+    got = iter(
+        torch.autograd.grad(outs, wrt, outs_grads, allow_unused=True)
+        if outs and wrt
+        else [None] * len(wrt)
+    )
     result: list[Any] = []
     for pr, g in zip(proxies, grads):
         if not (isinstance(pr, torch.Tensor) and pr.requires_grad):
@@ -204,7 +223,10 @@ def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
     return result
 
 
-HANDLERS: dict[str, Callable[[dict, list[Any]], list[Any]]] = {"Hook": _hook, "HookGrad": _hook_grad}
+HANDLERS: dict[str, Callable[[dict, list[Any]], list[Any]]] = {
+    "Hook": _hook,
+    "HookGrad": _hook_grad,
+}
 
 
 def register_handler(op_type: str, fn: Callable[[dict, list[Any]], list[Any]]) -> None:
@@ -226,8 +248,16 @@ _C.set_callback(dispatch)
 
 def _translate_hook(n: torch.fx.Node, t: Any) -> list[str]:
     xs, kind, module, num_passive, info = n.args
-    outs = t.emit("Hook", [t.value(x) for x in xs], n_out=len(xs) - num_passive + 1, domain="graphtrain",
-                  kind=kind, module=module, num_passive=num_passive, info=info)
+    outs = t.emit(
+        "Hook",
+        [t.value(x) for x in xs],
+        n_out=len(xs) - num_passive + 1,
+        domain="graphtrain",
+        kind=kind,
+        module=module,
+        num_passive=num_passive,
+        info=info,
+    )
     return outs[:-1]  # the last output is the context, for HookGrad
 
 

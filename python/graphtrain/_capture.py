@@ -26,10 +26,11 @@ from .log import capture_output
 
 OPSET = 20  # Gelu is standard from 20
 
+
 @dataclass
 class GraphInput:
     kind: str  # "param", "buffer" or "input"
-    key: Any   # parameter / buffer name, or the position among the flattened tensor inputs
+    key: Any  # parameter / buffer name, or the position among the flattened tensor inputs
     name: str  # the graph input's name
 
 
@@ -37,13 +38,17 @@ class GraphInput:
 class Captured:
     model: onnx.ModelProto
     inputs: list[GraphInput]
-    outputs: list[str]                 # graph outputs holding the user's tensor outputs
+    outputs: list[str]  # graph outputs holding the user's tensor outputs
     output_float: list[bool]
-    buffer_updates: list[tuple[str, str]] = field(default_factory=list)  # (graph output, buffer name)
-    out_spec: Any = None               # pytree spec of the module's output
+    buffer_updates: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (graph output, buffer name)
+    out_spec: Any = None  # pytree spec of the module's output
     out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves; TENSOR marks tensors
-    uncacheable: str = ""              # why the on-disk cache cannot hold this capture, if it cannot
-    routes: list[tuple[str, str, str]] = field(default_factory=list)  # (ATen op, module, how it runs)
+    uncacheable: str = ""  # why the on-disk cache cannot hold this capture, if it cannot
+    routes: list[tuple[str, str, str]] = field(
+        default_factory=list
+    )  # (ATen op, module, how it runs)
 
 
 class _Flat(torch.nn.Module):
@@ -108,7 +113,7 @@ def _user_frame(node: torch.fx.Node) -> str:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
     for path, line, fn, code in reversed(frames):
         if "/torch/" not in path and "/graphtrain/" not in path:
-            return f'{path}:{line} in {fn}: {code.strip()}'
+            return f"{path}:{line} in {fn}: {code.strip()}"
     return "unknown source line"
 
 
@@ -144,7 +149,9 @@ class Translator:
         self._count += 1
         return f"{hint}_{self._count}"
 
-    def emit(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> Any:
+    def emit(
+        self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any
+    ) -> Any:
         outs = [self.fresh(op.lower()) for _ in range(n_out)]
         node = helper.make_node(op, inputs, outs, name=self.fresh(op), domain=domain, **attrs)
         if self.scope:
@@ -239,10 +246,12 @@ class Translator:
 
 def _unsupported_message(node: torch.fx.Node, what: str) -> str:
     scope = _scope(node) or "the top-level module"
-    return (f"graphtrain cannot run {what} (ATen op {node.target}) in module '{scope}', at {_user_frame(node)}. "
-            "Change the model to avoid it, set GRAPHTRAIN_FALLBACK_POLICY=aten to run the op through "
-            "PyTorch's kernel inside the graph, or GRAPHTRAIN_FALLBACK_POLICY=eager to run this model "
-            "in plain PyTorch.")
+    return (
+        f"graphtrain cannot run {what} (ATen op {node.target}) in module '{scope}', at {_user_frame(node)}. "
+        "Change the model to avoid it, set GRAPHTRAIN_FALLBACK_POLICY=aten to run the op through "
+        "PyTorch's kernel inside the graph, or GRAPHTRAIN_FALLBACK_POLICY=eager to run this model "
+        "in plain PyTorch."
+    )
 
 
 def _translate_body(t: Translator, gm: torch.fx.GraphModule, fallback: bool) -> list[Any]:
@@ -440,7 +449,9 @@ def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captur
                 inputs.append(GraphInput("input", user_index, gname))
             user_index += 1
         else:
-            raise UnsupportedModelError(f"graphtrain cannot capture an input of kind {kind} ('{spec.target}')")
+            raise UnsupportedModelError(
+                f"graphtrain cannot capture an input of kind {kind} ('{spec.target}')"
+            )
     outputs: list[str] = []
     output_float: list[bool] = []
     out_nodes = []
@@ -463,16 +474,23 @@ def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captur
         output_float.append(_aten.val(out).dtype.is_floating_point)
     value_infos = [_value_info(o, _aten.val(n)) for o, n in zip(outputs, out_nodes)]
     updates = list(t.buffer_updates.items())
-    for buf, value in updates:
+    for _, value in updates:
         value_infos.append(helper.make_tensor_value_info(value, TensorProto.UNDEFINED, None))
     graph = helper.make_graph(t.nodes, name, graph_inputs, value_infos, initializer=t.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("graphtrain", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
-    return Captured(model=model, inputs=inputs, outputs=outputs, output_float=output_float,
-                    buffer_updates=[(v, b) for b, v in updates], out_spec=record["spec"],
-                    out_leaves=list(record["leaves"]), uncacheable=t.uncacheable,
-                    routes=[(str(n.target), _scope(n), how) for n, how in t.routes])
+    return Captured(
+        model=model,
+        inputs=inputs,
+        outputs=outputs,
+        output_float=output_float,
+        buffer_updates=[(v, b) for b, v in updates],
+        out_spec=record["spec"],
+        out_leaves=list(record["leaves"]),
+        uncacheable=t.uncacheable,
+        routes=[(str(n.target), _scope(n), how) for n, how in t.routes],
+    )
 
 
 def capture(

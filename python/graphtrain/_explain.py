@@ -50,7 +50,9 @@ class Explanation:
         if not self.captured:
             return f"{self.model} cannot be captured into a graph: {self.reason}"
         counts = self.counts()
-        summary = ", ".join(f"{counts[k]} {k}" for k in (NATIVE, FALLBACK, PYTHON_OP, HOOK) if k in counts)
+        summary = ", ".join(
+            f"{counts[k]} {k}" for k in (NATIVE, FALLBACK, PYTHON_OP, HOOK) if k in counts
+        )
         lines = [f"{self.model}: {sum(counts.values())} op calls ({summary})"]
         order = {FALLBACK: 0, PYTHON_OP: 1, HOOK: 2, NATIVE: 3}
         rows = sorted(self.ops, key=lambda r: (order.get(r.runs_as, 4), -r.count, r.op))

@@ -32,7 +32,7 @@ def applies(node: torch.fx.Node) -> bool:
 
 
 def target_name(target: torch._ops.OpOverload) -> str:
-    """"aten.cumsum.default": the name an ATenOp calls its op by."""
+    """ "aten.cumsum.default": the name an ATenOp calls its op by."""
     return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}"
 
 
@@ -51,8 +51,11 @@ def _tensor_outputs(node: torch.fx.Node, t: Translator) -> list[torch.Tensor]:
     meta = _aten.val(node)
     outs = [meta] if isinstance(meta, torch.Tensor) else list(meta or ())
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
-        t.unsupported(node, f"an op returning {type(meta).__name__} (the ATen fallback runs ops "
-                      "that return tensors)")
+        t.unsupported(
+            node,
+            f"an op returning {type(meta).__name__} (the ATen fallback runs ops "
+            "that return tensors)",
+        )
     return outs
 
 
@@ -84,7 +87,9 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
     schema = target._schema
     written = []  # positions among the tensor inputs of arguments the op writes
     tensor_pos = 0
-    arg_flat = list(node.args) + [node.kwargs.get(a.name) for a in schema.arguments[len(node.args) :]]
+    arg_flat = list(node.args) + [
+        node.kwargs.get(a.name) for a in schema.arguments[len(node.args) :]
+    ]
     for a, x in zip(schema.arguments, arg_flat):
         if isinstance(x, torch.fx.Node):
             if a.alias_info is not None and a.alias_info.is_write:
@@ -125,7 +130,7 @@ def fallback_ops(model: Any) -> dict[str, list[str]]:
 
 
 def describe_fallbacks(found: dict[str, list[str]]) -> str:
-    """"aten.cumsum.default (in 'blocks.0', 'blocks.1'), ...", for warnings and explain."""
+    """ "aten.cumsum.default (in 'blocks.0', 'blocks.1'), ...", for warnings and explain."""
     parts = []
     for target, modules in sorted(found.items()):
         shown = ", ".join(f"'{m}'" for m in modules[:4])
@@ -200,9 +205,7 @@ def _run_backward(attrs: dict, inputs: list[Any]) -> list[Any]:
     pairs = [(o, g) for o, g in zip(outs, inputs[1:]) if g is not None and o.requires_grad]
     wrt = [b for b in bases if b is not None]
     got = iter(
-        torch.autograd.grad(
-            [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
-        )
+        torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
         if pairs and wrt
         else [None] * len(wrt)
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from . import _C
 
+
 @dataclass(frozen=True)
 class Option:
     """One runtime option: its effective value, where that came from, and how to set it."""
@@ -97,9 +98,7 @@ class RuntimeOptions(Mapping[str, Option]):
         ]
         for o in self._items.values():
             default = _show(o.default) if o.default != "" else "(empty)"
-            lines.append(
-                f"| `{o.env}` | {o.type} | `{default}` | {o.accepted} | {o.doc} |"
-            )
+            lines.append(f"| `{o.env}` | {o.type} | `{default}` | {o.accepted} | {o.doc} |")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -24,17 +24,20 @@ from typing import Any
 
 import torch
 
-from . import _aten, _C, _callbacks
+from . import _C, _aten, _callbacks
 from ._dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX
-from ._structure import leaf_from_json, leaf_to_json
 from ._options import options
+from ._structure import leaf_from_json, leaf_to_json
 from .errors import GraphError, UnsupportedModelError
 
-InferShape = Callable[[dict, list[list[Any]], list[torch.dtype]], tuple[Sequence[Sequence[Any]], Sequence[torch.dtype]]]
+InferShape = Callable[
+    [dict, list[list[Any]], list[torch.dtype]],
+    tuple[Sequence[Sequence[Any]], Sequence[torch.dtype]],
+]
 
-_functions: dict[str, type] = {}       # func_name -> Function class, from captures or imports
-_objects: dict[int, Any] = {}          # arguments of this process's captures that cannot be stored
-_notes: dict[str, dict] = {}           # call key -> what the fake run learned (outputs, dirty inputs)
+_functions: dict[str, type] = {}  # func_name -> Function class, from captures or imports
+_objects: dict[int, Any] = {}  # arguments of this process's captures that cannot be stored
+_notes: dict[str, dict] = {}  # call key -> what the fake run learned (outputs, dirty inputs)
 _python_inferers: dict[str, InferShape] = {}  # registered through register_shape_inferer
 _counter = itertools.count()
 _local = threading.local()
@@ -69,12 +72,15 @@ def resolve(name: str) -> type:
             return obj
         error = f"it is a {type(obj).__name__}, not a torch.autograd.Function"
         break
-    raise GraphError(f"the graph calls torch.autograd.Function '{name}' (a PythonOp), which cannot be imported: "
-                     f"{error}. Define the Function at the top level of an importable module (not inside a "
-                     "function), or delete the cached graph (GRAPHTRAIN_CACHE_DIR) so the model is captured again")
+    raise GraphError(
+        f"the graph calls torch.autograd.Function '{name}' (a PythonOp), which cannot be imported: "
+        f"{error}. Define the Function at the top level of an importable module (not inside a "
+        "function), or delete the cached graph (GRAPHTRAIN_CACHE_DIR) so the model is captured again"
+    )
 
 
 # ---- shape inferers ------------------------------------------------------------------------------
+
 
 def _engine_inferer(name: str, fn: InferShape) -> Callable:
     def call(attrs: dict, shapes: list[list[Any]], dtypes: list[int]) -> tuple[list, list[int]]:
@@ -104,8 +110,10 @@ def register_shape_inferer(func_or_qualified_name: type | str, fn: InferShape) -
     elif isinstance(func_or_qualified_name, str) and func_or_qualified_name:
         name = func_or_qualified_name
     else:
-        raise TypeError("register_shape_inferer needs a torch.autograd.Function class or its qualified name, got "
-                        f"{func_or_qualified_name!r}")
+        raise TypeError(
+            "register_shape_inferer needs a torch.autograd.Function class or its qualified name, got "
+            f"{func_or_qualified_name!r}"
+        )
     if not callable(fn):
         raise TypeError(f"the shape inferer of '{name}' must be callable, got {type(fn).__name__}")
     _python_inferers[name] = fn
@@ -127,14 +135,18 @@ def prepare(model: Any) -> None:
 
 # ---- capture -------------------------------------------------------------------------------------
 
+
 def _storable(name: str, x: Any, capture_notes: dict) -> Any:
     try:
         return leaf_to_json(x)
     except TypeError:
         key = id(x)
         _objects[key] = x  # kept for this process: a graph holding it is not cached
-        capture_notes.setdefault("uncacheable", f"torch.autograd.Function '{name}' takes a {type(x).__name__} "
-                                                "argument, which a cached graph cannot hold")
+        capture_notes.setdefault(
+            "uncacheable",
+            f"torch.autograd.Function '{name}' takes a {type(x).__name__} "
+            "argument, which a cached graph cannot hold",
+        )
         return {"__object__": key}
 
 
@@ -154,8 +166,11 @@ def _arguments(layout: list[Any], tensors: list[torch.Tensor]) -> list[Any]:
 
 def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     original = _ORIGINAL_APPLY.__func__
-    if (not getattr(_local, "capturing", False) or getattr(_local, "inside", False)
-            or cls.__module__.startswith(("torch._", "graphtrain."))):
+    if (
+        not getattr(_local, "capturing", False)
+        or getattr(_local, "inside", False)
+        or cls.__module__.startswith(("torch._", "graphtrain."))
+    ):
         return original(cls, *args, **kwargs)
     name = func_name(cls)
     if not options()["enable_custom_autograd"].value:
@@ -167,17 +182,25 @@ def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
             raise UnsupportedModelError(
                 f"torch.export cannot trace through torch.autograd.Function '{name}' "
                 f"(GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0): {type(e).__name__}: {e}. "
-                "Set GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=1 to keep it opaque (a PythonOp that calls it)") from e
+                "Set GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=1 to keep it opaque (a PythonOp that calls it)"
+            ) from e
     if kwargs:
-        raise UnsupportedModelError(f"torch.autograd.Function '{name}' is applied with keyword arguments "
-                                    f"({', '.join(kwargs)}); graphtrain keeps Functions opaque only when called "
-                                    "with positional arguments")
+        raise UnsupportedModelError(
+            f"torch.autograd.Function '{name}' is applied with keyword arguments "
+            f"({', '.join(kwargs)}); graphtrain keeps Functions opaque only when called "
+            "with positional arguments"
+        )
     _functions[name] = cls
     key = str(next(_counter))
     notes = _notes.setdefault(key, {})
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    layout = [{"__tensor__": 1} if isinstance(a, torch.Tensor) else _storable(name, a, notes) for a in args]
-    info = json.dumps({"key": key, "arguments": layout, "requires_grad": [t.requires_grad for t in tensors]})
+    layout = [
+        {"__tensor__": 1} if isinstance(a, torch.Tensor) else _storable(name, a, notes)
+        for a in args
+    ]
+    info = json.dumps(
+        {"key": key, "arguments": layout, "requires_grad": [t.requires_grad for t in tensors]}
+    )
     outs = _python_op(tensors, name, info)
     return outs[0] if notes["single"] else tuple(outs)
 
@@ -237,14 +260,22 @@ def _fake_or_real(xs: list[torch.Tensor], func: str, info: str) -> list[torch.Te
     single = isinstance(out, torch.Tensor)
     outs = [out] if single else list(out) if isinstance(out, (tuple, list)) else None
     if outs is None or not outs or not all(isinstance(o, torch.Tensor) for o in outs):
-        raise UnsupportedModelError(f"torch.autograd.Function '{func}' returns {type(out).__name__}; graphtrain keeps "
-                                    "Functions opaque when they return a tensor or a tuple of tensors")
-    dirty = [[k, j] for k, o in enumerate(outs) for j, x in enumerate(xs)
-             if x._version != versions[j] and _same_memory(o, x)]
+        raise UnsupportedModelError(
+            f"torch.autograd.Function '{func}' returns {type(out).__name__}; graphtrain keeps "
+            "Functions opaque when they return a tensor or a tuple of tensors"
+        )
+    dirty = [
+        [k, j]
+        for k, o in enumerate(outs)
+        for j, x in enumerate(xs)
+        if x._version != versions[j] and _same_memory(o, x)
+    ]
     _notes.setdefault(d["key"], {}).update(single=single, dirty=dirty)
     # A custom op's outputs may not alias its inputs: views are cloned here (at run time the
     # Function's own outputs, views included, go back to the engine uncopied).
-    return [o.clone() if o._base is not None or any(_same_memory(o, x) for x in xs) else o for o in outs]
+    return [
+        o.clone() if o._base is not None or any(_same_memory(o, x) for x in xs) else o for o in outs
+    ]
 
 
 def _outputs_from_inferer(func: str, xs: list[torch.Tensor], error: Exception) -> Any:
@@ -253,18 +284,24 @@ def _outputs_from_inferer(func: str, xs: list[torch.Tensor], error: Exception) -
         raise UnsupportedModelError(
             f"torch.autograd.Function '{func}' cannot run on torch.export's fake tensors ({type(error).__name__}: "
             f"{error}), so graphtrain cannot learn its output shapes. Give it a static infer_shape(node, input_shapes, "
-            "input_dtypes) or register one with graphtrain.custom_function.register_shape_inferer") from error
+            "input_dtypes) or register one with graphtrain.custom_function.register_shape_inferer"
+        ) from error
     symbols = {str(d): d for x in xs for d in x.shape if not isinstance(d, int)}
-    shapes, dtypes = infer({"func_name": func}, [[d if isinstance(d, int) else str(d) for d in x.shape] for x in xs],
-                           [x.dtype for x in xs])
+    shapes, dtypes = infer(
+        {"func_name": func},
+        [[d if isinstance(d, int) else str(d) for d in x.shape] for x in xs],
+        [x.dtype for x in xs],
+    )
     outs = []
     for shape, dtype in zip(shapes, dtypes):
         dims = []
         for d in shape:
             if not isinstance(d, int) and d not in symbols:
                 known = ", ".join(symbols) or "none"
-                raise UnsupportedModelError(f"the shape inferer of torch.autograd.Function '{func}' gave dim {d!r}, "
-                                            f"which is neither an int nor an input dim ({known})")
+                raise UnsupportedModelError(
+                    f"the shape inferer of torch.autograd.Function '{func}' gave dim {d!r}, "
+                    f"which is neither an int nor an input dim ({known})"
+                )
             dims.append(d if isinstance(d, int) else symbols[d])
         outs.append(torch.empty(dims, dtype=dtype))
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -283,13 +320,23 @@ def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     outs_meta = _aten.val(n)
     inputs_meta = [_aten.val(x) for x in xs]
     attrs = dict(
-        info=info, input_ranks=[m.dim() for m in inputs_meta],
+        info=info,
+        input_ranks=[m.dim() for m in inputs_meta],
         input_dtypes=[t.onnx_dtype(m.dtype) for m in inputs_meta],
-        input_requires_grad=[int(r) for r in d["requires_grad"]], output_ranks=[m.dim() for m in outs_meta],
-        output_dtypes=[t.onnx_dtype(m.dtype) for m in outs_meta], dirty_inputs=[j for _, j in notes.get("dirty", [])])
+        input_requires_grad=[int(r) for r in d["requires_grad"]],
+        output_ranks=[m.dim() for m in outs_meta],
+        output_dtypes=[t.onnx_dtype(m.dtype) for m in outs_meta],
+        dirty_inputs=[j for _, j in notes.get("dirty", [])],
+    )
     attrs = {k: v for k, v in attrs.items() if v != []}  # ONNX cannot type an empty list
-    outs = t.emit("PythonOp", [t.value(x) for x in xs], n_out=len(outs_meta) + 1, domain="graphtrain", func_name=func,
-                  **attrs)
+    outs = t.emit(
+        "PythonOp",
+        [t.value(x) for x in xs],
+        n_out=len(outs_meta) + 1,
+        domain="graphtrain",
+        func_name=func,
+        **attrs,
+    )
     for k, j in notes.get("dirty", []):
         t.mutated(xs[j], outs[k])  # later readers of a dirtied input see the Function's output
     return outs[:-1]
@@ -299,6 +346,7 @@ _aten.register_translator(torch.ops.graphtrain.python_op.default, _translate)
 
 
 # ---- run time ------------------------------------------------------------------------------------
+
 
 def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
     run = _callbacks.current_run()
@@ -323,8 +371,10 @@ def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
         out = cls.apply(*_arguments(d["arguments"], proxies))
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(outs) != len(attrs["output_ranks"]):
-        raise GraphError(f"torch.autograd.Function '{name}' returned {len(outs)} outputs at run time, "
-                         f"{len(attrs['output_ranks'])} at capture")
+        raise GraphError(
+            f"torch.autograd.Function '{name}' returned {len(outs)} outputs at run time, "
+            f"{len(attrs['output_ranks'])} at capture"
+        )
     key = run.keep((bases, outs)) if any(b is not None for b in bases) else -1
     return [o.detach() for o in outs] + [_callbacks.context_tensor(key)]
 
@@ -342,7 +392,10 @@ def _run_backward(attrs: dict, inputs: list[Any]) -> list[Any]:
         # backward (not autograd.grad): reentrant checkpointing requires it, and leaves the
         # Function reached outside its inputs (parameters in a closure) accumulate as in eager.
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-    return [None if b is None else (b.grad if b.grad is not None else torch.zeros_like(b)) for b in bases]
+    return [
+        None if b is None else (b.grad if b.grad is not None else torch.zeros_like(b))
+        for b in bases
+    ]
 
 
 _callbacks.register_handler("PythonOp", _run_forward)

@@ -13,8 +13,8 @@ from torch.utils import _pytree as pytree
 from . import _C, _cache, _fallback, custom_function
 from ._callbacks import CallbackRun, recording
 from ._capture import Captured, capture
-from ._structure import TENSOR, ObjectLeaf
 from ._options import options
+from ._structure import TENSOR, ObjectLeaf
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
 from .hooks import _subscriber
@@ -33,8 +33,14 @@ class _Runner:
     """The engine side of one capture: an inference session, and forward/backward sessions built
     by graphtrain's gradient builder for the parameters and inputs that want gradients."""
 
-    def __init__(self, captured: Captured, module: torch.nn.Module, wants: list[bool], debug: DebugOptions,
-                 label: str) -> None:
+    def __init__(
+        self,
+        captured: Captured,
+        module: torch.nn.Module,
+        wants: list[bool],
+        debug: DebugOptions,
+        label: str,
+    ) -> None:
         self.captured = captured
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.buffers = dict(module.named_buffers(remove_duplicate=False))
@@ -54,7 +60,11 @@ class _Runner:
             self.grad_names = info["grads"]
             self.n_stash = len(info["stashed"])
             if debug.save_onnx:
-                self._save(debug, label, {"forward": model, "training_forward": fwd, "training_backward": bwd})
+                self._save(
+                    debug,
+                    label,
+                    {"forward": model, "training_forward": fwd, "training_backward": bwd},
+                )
         elif debug.save_onnx:
             self._save(debug, label, {"forward": model})
         assert names == self.infer.input_names
@@ -94,11 +104,13 @@ class _EngineFunction(torch.autograd.Function):
         with recording(ctx.run):
             outs = runner.forward.run([t.detach() for t in tensors])
         n, nb = runner.n_out, len(runner.captured.buffer_updates)
-        runner.write_buffers(outs[n:n + nb])
+        runner.write_buffers(outs[n : n + nb])
         ctx.runner = runner
-        ctx.stash = outs[n + nb:]
+        ctx.stash = outs[n + nb :]
         user = outs[:n]
-        ctx.mark_non_differentiable(*[u for k, u in enumerate(user) if not runner.captured.output_float[k]])
+        ctx.mark_non_differentiable(
+            *[u for k, u in enumerate(user) if not runner.captured.output_float[k]]
+        )
         return tuple(user)
 
     @staticmethod
@@ -131,8 +143,11 @@ def _changing_arguments(old: Any, new: Any, args: Any, kwargs: Any) -> list[str]
     names = []
     for path, a, b in zip(paths, old_leaves, new_leaves):
         if a != b and a[0] == b[0] == "const":
-            names.append(path.replace("[0]", "args", 1) if path.startswith("[0]") else
-                         path.replace("[1]", "kwargs", 1))
+            names.append(
+                path.replace("[0]", "args", 1)
+                if path.startswith("[0]")
+                else path.replace("[1]", "kwargs", 1)
+            )
     return names
 
 
@@ -178,7 +193,12 @@ class GraphModule(torch.nn.Module):
             self._hooks = hook_signature(self.module)
             self._hooks_generation = _subscriber.generation()
         hooks = self._hooks
-        key = (schema, self.module.training, tuple(p.requires_grad for p in self.module.parameters()), hooks)
+        key = (
+            schema,
+            self.module.training,
+            tuple(p.requires_grad for p in self.module.parameters()),
+            hooks,
+        )
         runner = self._runners.get(key)
         if runner is not None:
             self._runners.move_to_end(key)
@@ -187,23 +207,30 @@ class GraphModule(torch.nn.Module):
                 runner = self._capture(flat, spec, (schema, hooks) if hooks else schema)
             except UnsupportedModelError as e:
                 if options()["fallback_policy"].value == "EAGER":
-                    log_once("WARNING", f"{e} Running {type(self.module).__name__} in plain PyTorch "
-                                        "(GRAPHTRAIN_FALLBACK_POLICY=eager).", key=("fallback", id(self)))
+                    log_once(
+                        "WARNING",
+                        f"{e} Running {type(self.module).__name__} in plain PyTorch "
+                        "(GRAPHTRAIN_FALLBACK_POLICY=eager).",
+                        key=("fallback", id(self)),
+                    )
                     self._eager = True
                     return self.module(*args, **kwargs)
                 raise
             self._keep(key, runner, args, kwargs)
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         all_inputs = runner.tensors(tensors_in)
-        needs_grad = torch.is_grad_enabled() and runner.forward is not None and any(
-            all_inputs[k].requires_grad for k in runner.wrt_index)
+        needs_grad = (
+            torch.is_grad_enabled()
+            and runner.forward is not None
+            and any(all_inputs[k].requires_grad for k in runner.wrt_index)
+        )
         if needs_grad:
             outs = list(_EngineFunction.apply(runner, self.module, *all_inputs))
         else:
             with recording(CallbackRun(self.module, training=False)):
                 res = runner.infer.run([t.detach() for t in all_inputs])
-            runner.write_buffers(res[runner.n_out:])
-            outs = res[:runner.n_out]
+            runner.write_buffers(res[runner.n_out :])
+            outs = res[: runner.n_out]
         it = iter(outs)
         leaves = [
             next(it) if x is TENSOR else x.rebuild(it) if isinstance(x, ObjectLeaf) else x
@@ -224,11 +251,17 @@ class GraphModule(torch.nn.Module):
             self._runners.popitem(last=False)
         self._graphs_made += 1
         if self._graphs_made == WARN_CAPTURES:
-            what = (f"argument {', '.join(changing)} changes between calls, and each new value is a new "
-                    "graph. Pass it as a tensor (torch.tensor(value)) so that one graph serves every value"
-                    if changing else "the arguments' structure, dtypes or the module's mode keep changing")
-            log("WARNING", f"GraphModule({type(self.module).__name__}) has captured {WARN_CAPTURES} graphs: "
-                           f"{what}. It keeps the {MAX_GRAPHS} most recently used graphs.")
+            what = (
+                f"argument {', '.join(changing)} changes between calls, and each new value is a new "
+                "graph. Pass it as a tensor (torch.tensor(value)) so that one graph serves every value"
+                if changing
+                else "the arguments' structure, dtypes or the module's mode keep changing"
+            )
+            log(
+                "WARNING",
+                f"GraphModule({type(self.module).__name__}) has captured {WARN_CAPTURES} graphs: "
+                f"{what}. It keeps the {MAX_GRAPHS} most recently used graphs.",
+            )
 
     def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
         refresh_rank()
@@ -243,8 +276,11 @@ class GraphModule(torch.nn.Module):
             hit = _cache.load(path)
             if hit is not None:
                 captured, seconds = hit
-                log("INFO", f"loaded the captured graph of {type(self.module).__name__} ({label}) from {path}; "
-                            f"capturing took {seconds:.2f} s")
+                log(
+                    "INFO",
+                    f"loaded the captured graph of {type(self.module).__name__} ({label}) from {path}; "
+                    f"capturing took {seconds:.2f} s",
+                )
         if captured is None:
             captured = capture(
                 self.module,
@@ -279,6 +315,9 @@ class GraphModule(torch.nn.Module):
                 f"{_fallback.describe_fallbacks(found)}. graphtrain.explain(model, *args) shows how "
                 "every op runs; GRAPHTRAIN_FALLBACK_POLICY=off makes this an error.",
             )
-        log("INFO", f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
-                    f"{len(captured.model.graph.node)} nodes")
+        log(
+            "INFO",
+            f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
+            f"{len(captured.model.graph.node)} nodes",
+        )
         return runner

@@ -54,8 +54,7 @@ def _level(level: LogLevel | str | int) -> LogLevel:
             from .errors import OptionError
 
             raise OptionError(
-                f"{level!r} is not a log level; accepted: "
-                + ", ".join(m.name for m in LogLevel)
+                f"{level!r} is not a log level; accepted: " + ", ".join(m.name for m in LogLevel)
             ) from None
     return LogLevel(level)
 
@@ -107,7 +106,13 @@ def _emit(level: int, rank: int, show_rank: bool, message: str, file: str, line:
     if logger.disabled or (logger.level and py_level < logger.level):
         return
     record = logger.makeRecord(
-        LOGGER_NAME, py_level, file, line, message, None, None,
+        LOGGER_NAME,
+        py_level,
+        file,
+        line,
+        message,
+        None,
+        None,
         extra={"gt_level": lvl.name, "gt_rank": rank if show_rank else None},
     )
     logger.handle(record)

@@ -36,7 +36,9 @@ def _runs(root: str) -> dict[str, str]:
 
 
 def _steps(folder: str) -> list[int]:
-    return sorted(int(m.group(1)) for d in os.listdir(folder) if (m := re.fullmatch(r"step_(\d+)", d)))
+    return sorted(
+        int(m.group(1)) for d in os.listdir(folder) if (m := re.fullmatch(r"step_(\d+)", d))
+    )
 
 
 def _order(step_dir: str) -> list[str]:
@@ -76,10 +78,14 @@ def merge(baseline: str, candidate: str, output: str, overwrite: bool) -> int:
                             f.write(open(path).read())
                         else:
                             f.write(f"(missing in the {label} run)\n")
-                            print(f"{rank + '/' if rank else ''}step {step}: '{name}' is missing in the {label} run")
+                            print(
+                                f"{rank + '/' if rank else ''}step {step}: '{name}' is missing in the {label} run"
+                            )
             extra = [n for n in _order(sb) if n not in names]
             for name in extra:
-                print(f"{rank + '/' if rank else ''}step {step}: '{name}' is only in the candidate run")
+                print(
+                    f"{rank + '/' if rank else ''}step {step}: '{name}' is only in the candidate run"
+                )
     print(f"merged files written to {output}")
     return 0
 
@@ -112,19 +118,31 @@ def compare(baseline: str, candidate: str, rtol: float, atol: float, report: str
                 if name not in ra:
                     continue
                 if name not in rb:
-                    print(f"{rank + '/' if rank else ''}step {step}: '{name}' is missing in the candidate run")
+                    print(
+                        f"{rank + '/' if rank else ''}step {step}: '{name}' is missing in the candidate run"
+                    )
                     continue
                 key = f"{rank}/{name}" if rank else name
                 for stat in ("mean", "std", "min", "max"):
-                    history.setdefault(key, {}).setdefault(stat, []).append((step, ra[name][stat], rb[name][stat]))
+                    history.setdefault(key, {}).setdefault(stat, []).append(
+                        (step, ra[name][stat], rb[name][stat])
+                    )
                 bad = [s for s in COMPARED if _differs(ra[name][s], rb[name][s], rtol, atol)]
                 if bad:
                     diverging += 1
                     if first is None:
                         s = bad[0]
-                        first = {"rank": rank, "step": step, "module": ra[name]["module"], "tensor": name,
-                                 "direction": "backward" if name.endswith("_backward") else "forward",
-                                 "statistic": s, "baseline": ra[name][s], "candidate": rb[name][s], "key": key}
+                        first = {
+                            "rank": rank,
+                            "step": step,
+                            "module": ra[name]["module"],
+                            "tensor": name,
+                            "direction": "backward" if name.endswith("_backward") else "forward",
+                            "statistic": s,
+                            "baseline": ra[name][s],
+                            "candidate": rb[name][s],
+                            "key": key,
+                        }
             summary.append((rank, step, diverging, len(ra)))
     for rank, step, diverging, total in summary:
         print(f"{rank + '/' if rank else ''}step {step}: {diverging} of {total} tensors differ")
@@ -133,9 +151,11 @@ def compare(baseline: str, candidate: str, rtol: float, atol: float, report: str
     else:
         rel = abs(first["baseline"] - first["candidate"]) / max(abs(first["baseline"]), 1e-30)
         where = f"{first['rank']}, " if first["rank"] else ""
-        print(f"first divergence: {where}step {first['step']}, module '{first['module']}', tensor "
-              f"{first['tensor'].rsplit('_', 1)[0]}, {first['direction']}, {first['statistic']}: baseline "
-              f"{first['baseline']:.9g}, candidate {first['candidate']:.9g} (relative difference {rel:.3g})")
+        print(
+            f"first divergence: {where}step {first['step']}, module '{first['module']}', tensor "
+            f"{first['tensor'].rsplit('_', 1)[0]}, {first['direction']}, {first['statistic']}: baseline "
+            f"{first['baseline']:.9g}, candidate {first['candidate']:.9g} (relative difference {rel:.3g})"
+        )
     if report:
         _html(report, history, first, baseline, candidate, rtol, atol)
         print(f"report written to {report}")
@@ -162,30 +182,47 @@ def _svg(points: list[tuple[int, float, float]], highlight: int | None) -> str:
     if highlight is not None:
         mark = f"<line x1='{sx(highlight):.1f}' x2='{sx(highlight):.1f}' y1='0' y2='{h}' stroke='#d62728'/>"
     dashed = "stroke-dasharray='4 3'"
-    return (f"<svg width='{w}' height='{h}' style='background:#fafafa'>{mark}{line(1, '#1f77b4', '')}"
-            f"{line(2, '#ff7f0e', dashed)}</svg>")
+    return (
+        f"<svg width='{w}' height='{h}' style='background:#fafafa'>{mark}{line(1, '#1f77b4', '')}"
+        f"{line(2, '#ff7f0e', dashed)}</svg>"
+    )
 
 
-def _html(path: str, history: dict, first: dict | None, baseline: str, candidate: str, rtol: float,
-          atol: float) -> None:
+def _html(
+    path: str,
+    history: dict,
+    first: dict | None,
+    baseline: str,
+    candidate: str,
+    rtol: float,
+    atol: float,
+) -> None:
     rows = []
     for key, stats in history.items():
         is_first = first is not None and key == first["key"]
         style = " style='outline:3px solid #d62728'" if is_first else ""
         anchor = " id='first'" if is_first else ""
-        cells = "".join(f"<td>{stat}<br>{_svg(points, first['step'] if is_first else None)}</td>"
-                        for stat, points in stats.items())
+        cells = "".join(
+            f"<td>{stat}<br>{_svg(points, first['step'] if is_first else None)}</td>"
+            for stat, points in stats.items()
+        )
         rows.append(f"<tr{style}{anchor}><th>{html.escape(key)}</th>{cells}</tr>")
-    headline = "No divergence." if first is None else (
-        f"<a href='#first'>First divergence</a>: step {first['step']}, module <b>{html.escape(first['module'])}</b>, "
-        f"{html.escape(first['tensor'])}, {first['statistic']}: baseline {first['baseline']:.9g}, candidate "
-        f"{first['candidate']:.9g}.")
+    headline = (
+        "No divergence."
+        if first is None
+        else (
+            f"<a href='#first'>First divergence</a>: step {first['step']}, "
+            f"module <b>{html.escape(first['module'])}</b>, "
+            f"{html.escape(first['tensor'])}, {first['statistic']}: baseline {first['baseline']:.9g}, candidate "
+            f"{first['candidate']:.9g}."
+        )
+    )
     doc = f"""<!doctype html><html><head><meta charset='utf-8'><title>graphtrain-stats compare</title>
 <style>body{{font-family:sans-serif;margin:20px}} td,th{{padding:4px;vertical-align:top;font-size:12px}}
 th{{text-align:left;max-width:260px;word-break:break-all}}</style></head><body>
 <h2>graphtrain-stats compare</h2><p>baseline <code>{html.escape(baseline)}</code> (blue, solid) vs candidate
 <code>{html.escape(candidate)}</code> (orange, dashed); rtol {rtol}, atol {atol}.</p><p>{headline}</p>
-<table>{''.join(rows)}</table></body></html>"""
+<table>{"".join(rows)}</table></body></html>"""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(doc)
@@ -193,8 +230,11 @@ th{{text-align:left;max-width:260px;word-break:break-all}}</style></head><body>
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="graphtrain-stats", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="graphtrain-stats",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="per-step merged files of both runs, in the baseline's order")
     m.add_argument("--baseline", "--pt_dir", required=True)

@@ -59,8 +59,15 @@ class Block(nn.Module):
 class Encoder(nn.Module):
     """BERT-style: token + position embeddings, blocks with a padding mask, a classifier."""
 
-    def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, layers: int = 2,
-                 max_len: int = 64, classes: int = 3) -> None:
+    def __init__(
+        self,
+        vocab: int = 50,
+        dim: int = 32,
+        heads: int = 4,
+        layers: int = 2,
+        max_len: int = 64,
+        classes: int = 3,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(max_len, dim)
@@ -80,8 +87,9 @@ class Encoder(nn.Module):
 class GPT(nn.Module):
     """GPT-style decoder: causal self-attention, GELU MLP, residuals, tied output head, loss."""
 
-    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 2,
-                 max_len: int = 64) -> None:
+    def __init__(
+        self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 2, max_len: int = 64
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(max_len, dim)
@@ -101,7 +109,9 @@ class GPT(nn.Module):
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.logits(ids)
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        )
 
 
 class CNN(nn.Module):
@@ -120,8 +130,9 @@ class CNN(nn.Module):
         return self.fc(x)
 
 
-def example_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0,
-                   width: int = 32, image: int = 16) -> tuple[torch.Tensor, ...]:
+def example_inputs(
+    name: str, batch: int = 4, seq: int = 12, seed: int = 0, width: int = 32, image: int = 16
+) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     if name == "mlp":
         return (torch.randn(batch, width, generator=g),)
@@ -131,7 +142,10 @@ def example_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0,
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64)
         return ids, mask
     if name == "gpt":
-        return (torch.randint(0, 64, (batch, seq), generator=g), torch.randint(0, 64, (batch, seq), generator=g))
+        return (
+            torch.randint(0, 64, (batch, seq), generator=g),
+            torch.randint(0, 64, (batch, seq), generator=g),
+        )
     if name == "cnn":
         return (torch.randn(batch, 3, image, image, generator=g),)
     raise KeyError(name)
@@ -157,8 +171,14 @@ DYNAMIC_AXES = {
 }
 
 
-def export(name: str, path: str, dynamic: bool = True, opset: int = 18, example: dict | None = None,
-           **sizes: int) -> nn.Module:
+def export(
+    name: str,
+    path: str,
+    dynamic: bool = True,
+    opset: int = 18,
+    example: dict | None = None,
+    **sizes: int,
+) -> nn.Module:
     """Exports model `name` (built with `sizes`) to ONNX with torch's TorchScript-based exporter
     (no extra packages); `example` are keyword arguments of example_inputs."""
     import warnings
@@ -168,8 +188,13 @@ def export(name: str, path: str, dynamic: bool = True, opset: int = 18, example:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            model, example, path, dynamo=False, opset_version=opset,
-            input_names=INPUT_NAMES[name], output_names=["out"],
+            model,
+            example,
+            path,
+            dynamo=False,
+            opset_version=opset,
+            input_names=INPUT_NAMES[name],
+            output_names=["out"],
             dynamic_axes={**DYNAMIC_AXES[name], "out": {}} if dynamic else None,
         )
     return model
@@ -187,14 +212,25 @@ class WithLoss(nn.Module):
         return nn.functional.cross_entropy(self.model(*args), labels)
 
 
-def training_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0, width: int = 32,
-                    image: int = 16, vocab: int | None = None) -> tuple[torch.Tensor, ...]:
+def training_inputs(
+    name: str,
+    batch: int = 4,
+    seq: int = 12,
+    seed: int = 0,
+    width: int = 32,
+    image: int = 16,
+    vocab: int | None = None,
+) -> tuple[torch.Tensor, ...]:
     """example_inputs plus labels, for the loss-producing form of each model."""
     inputs = example_inputs(name, batch, seq, seed, width, image)
     if vocab is not None and name in ("gpt", "encoder"):
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab, (batch, seq), generator=g)
-        inputs = (ids, torch.randint(0, vocab, (batch, seq), generator=g)) if name == "gpt" else (ids, inputs[1])
+        inputs = (
+            (ids, torch.randint(0, vocab, (batch, seq), generator=g))
+            if name == "gpt"
+            else (ids, inputs[1])
+        )
     if name == "gpt":
         return inputs
     g = torch.Generator().manual_seed(seed + 1000)
@@ -202,8 +238,12 @@ def training_inputs(name: str, batch: int = 4, seq: int = 12, seed: int = 0, wid
     return (*inputs, torch.randint(0, classes, (batch,), generator=g))
 
 
-TRAINING_INPUT_NAMES = {"mlp": ["x", "labels"], "encoder": ["ids", "mask", "labels"],
-                        "gpt": ["ids", "targets"], "cnn": ["x", "labels"]}
+TRAINING_INPUT_NAMES = {
+    "mlp": ["x", "labels"],
+    "encoder": ["ids", "mask", "labels"],
+    "gpt": ["ids", "targets"],
+    "cnn": ["x", "labels"],
+}
 
 
 def training_model(name: str, seed: int = 0, **sizes: int) -> nn.Module:
@@ -212,8 +252,9 @@ def training_model(name: str, seed: int = 0, **sizes: int) -> nn.Module:
     return model if name == "gpt" else WithLoss(model)
 
 
-def export_training(name: str, path: str, seed: int = 0, example: dict | None = None,
-                    **sizes: int) -> nn.Module:
+def export_training(
+    name: str, path: str, seed: int = 0, example: dict | None = None, **sizes: int
+) -> nn.Module:
     """Exports the loss-producing model in training mode, parameters kept as named initializers;
     `example` are keyword arguments of training_inputs."""
     import warnings
@@ -228,8 +269,17 @@ def export_training(name: str, path: str, seed: int = 0, example: dict | None = 
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, training_inputs(name, **(example or {})), path, dynamo=False, opset_version=18,
-                          input_names=names, output_names=["loss"], dynamic_axes=axes,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+        torch.onnx.export(
+            model,
+            training_inputs(name, **(example or {})),
+            path,
+            dynamo=False,
+            opset_version=18,
+            input_names=names,
+            output_names=["loss"],
+            dynamic_axes=axes,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+        )
     model.load_state_dict(state)  # the export ran a forward: restore BatchNorm's statistics
     return model

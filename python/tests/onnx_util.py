@@ -52,7 +52,10 @@ def node_model(
     node = helper.make_node(op, names, outs, domain=domain, **(attrs or {}))
     types = out_types or [TensorProto.FLOAT] * n_outputs
     graph = helper.make_graph(
-        [node], "test", graph_inputs, [helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, types)],
+        [node],
+        "test",
+        graph_inputs,
+        [helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, types)],
         initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -70,7 +73,9 @@ def run_graphtrain(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list
 
 def run_node(op, inputs, attrs=None, n_outputs=1, out_types=None, constant_inputs=(), opset=18):
     model = node_model(op, inputs, attrs, n_outputs, out_types, constant_inputs, opset)
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in constant_inputs}
+    feeds = {
+        k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in constant_inputs
+    }
     return run_graphtrain(model, feeds)
 
 

@@ -20,8 +20,18 @@ def _tokens(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def gpt2() -> torch.nn.Module:
-    cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = tf.GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return tf.GPT2LMHeadModel(cfg)
 
 
@@ -31,9 +41,17 @@ def gpt2_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
 
 
 def bert() -> torch.nn.Module:
-    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, num_labels=3)
+    cfg = tf.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=3,
+    )
     return tf.BertForSequenceClassification(cfg)
 
 
@@ -41,13 +59,25 @@ def bert_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
     ids = _tokens(batch, 16, gen)
     mask = torch.ones(batch, 16, dtype=torch.long)
     for row in range(batch):  # padding of a different length in each row
-        mask[row, 16 - 3 * row % 12:] = 0
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 3, (batch,), generator=gen)}
+        mask[row, 16 - 3 * row % 12 :] = 0
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": torch.randint(0, 3, (batch,), generator=gen),
+    }
 
 
 def llama() -> torch.nn.Module:
-    cfg = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0)
+    cfg = tf.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     return tf.LlamaForCausalLM(cfg)
 
 
@@ -57,26 +87,40 @@ def llama_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
 
 
 def vit() -> torch.nn.Module:
-    cfg = tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                       image_size=16, patch_size=4, num_labels=3, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0)
+    cfg = tf.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return tf.ViTForImageClassification(cfg)
 
 
 def image_inputs(size: int) -> Callable[[int, torch.Generator], dict[str, Any]]:
     def make(batch: int, gen: torch.Generator) -> dict[str, Any]:
-        return {"pixel_values": torch.randn(batch, 3, size, size, generator=gen),
-                "labels": torch.randint(0, 3, (batch,), generator=gen)}
+        return {
+            "pixel_values": torch.randn(batch, 3, size, size, generator=gen),
+            "labels": torch.randint(0, 3, (batch,), generator=gen),
+        }
 
     return make
 
 
 def resnet() -> torch.nn.Module:
-    cfg = tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, layer_type="basic")
+    cfg = tf.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, layer_type="basic"
+    )
     return tf.ResNetForImageClassification(cfg)
 
 
-MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]] = {
+MODELS: dict[
+    str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]
+] = {
     "gpt2": (gpt2, gpt2_inputs),
     "bert": (bert, bert_inputs),
     "llama": (llama, llama_inputs),

@@ -42,8 +42,13 @@ def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING"):
     code = SCRIPT.format(tests=str(Path(__file__).parent))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
     env.update(GRAPHTRAIN_CACHE_DIR=str(cache), GRAPHTRAIN_LOG_LEVEL=level)
-    r = subprocess.run([sys.executable, "-c", code, str(hidden), dtype, mode], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(hidden), dtype, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT")][0].split()
     return int(line[1]), float(line[2]), r.stderr
@@ -63,9 +68,9 @@ def test_second_process_captures_nothing_and_agrees(tmp_path):
 
 def test_changes_that_matter_capture_anew(tmp_path):
     run(tmp_path)
-    assert run(tmp_path, hidden=48)[0] == 1          # a hidden size: parameter shapes
-    assert run(tmp_path, mode="eval")[0] == 1        # train / eval
-    assert run(tmp_path, dtype="int64")[0] == 1      # an input dtype
+    assert run(tmp_path, hidden=48)[0] == 1  # a hidden size: parameter shapes
+    assert run(tmp_path, mode="eval")[0] == 1  # train / eval
+    assert run(tmp_path, dtype="int64")[0] == 1  # an input dtype
     assert run(tmp_path, dtype="int64")[0] == 0
     assert len(list(tmp_path.glob("*.onnx"))) == 4
     assert not list(tmp_path.glob(".tmp-*"))
@@ -92,8 +97,16 @@ def test_two_processes_writing_one_key(tmp_path):
     code = SCRIPT.format(tests=str(Path(__file__).parent))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
     env["GRAPHTRAIN_CACHE_DIR"] = str(tmp_path)
-    procs = [subprocess.Popen([sys.executable, "-c", code, "64", "float32", "train"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, "64", "float32", "train"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), results
     losses = {r[0].split()[-1] for r in results}
@@ -117,7 +130,10 @@ def test_graph_another_user_could_write_is_refused_with_one_warning(tmp_path):
     path.chmod(0o664)  # group-writable: someone else could have planted it
     captures, loss2, log = run(tmp_path)
     assert captures == 1 and loss2 == loss
-    assert log.count("not using the graph cache") == 1 and "writable by group or others (mode 664)" in log
+    assert (
+        log.count("not using the graph cache") == 1
+        and "writable by group or others (mode 664)" in log
+    )
     path.chmod(0o600)
     assert run(tmp_path)[0] == 0
     tmp_path.chmod(0o777)  # a folder anyone can write into: nothing in it is trusted

@@ -7,11 +7,11 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_python
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import graphtrain
+from conftest import run_python
 from graphtrain.custom_function import register_shape_inferer
 from graphtrain.errors import GraphError, UnsupportedModelError
 
@@ -99,8 +99,11 @@ class Net(nn.Module):
 
 def python_ops(gm: graphtrain.GraphModule) -> list[str]:
     (runner,) = gm._runners.values()
-    return [next(a.s.decode() for a in n.attribute if a.name == "func_name")
-            for n in runner.captured.model.graph.node if n.op_type == "PythonOp"]
+    return [
+        next(a.s.decode() for a in n.attribute if a.name == "func_name")
+        for n in runner.captured.model.graph.node
+        if n.op_type == "PythonOp"
+    ]
 
 
 def batches(step):
@@ -129,9 +132,13 @@ def test_custom_backwards_train_like_eager_over_10_adamw_steps():
         loss.backward()
         torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
         for (name, p), e in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, e.grad, rtol=1e-4, atol=2e-5, msg=f"step {step}, {name}")
+            torch.testing.assert_close(
+                p.grad, e.grad, rtol=1e-4, atol=2e-5, msg=f"step {step}, {name}"
+            )
         opt.step()
-    assert python_ops(gm) == [f"{__name__}.{c}" for c in ("ScaledSTE", "Mix", "AddOneInPlace", "Flatten")]
+    assert python_ops(gm) == [
+        f"{__name__}.{c}" for c in ("ScaledSTE", "Mix", "AddOneInPlace", "Flatten")
+    ]
     assert gm.captures == 1
 
 
@@ -170,7 +177,9 @@ class Checkpointed(nn.Module):
 def test_torch_utils_checkpoint_inside_the_model(reentrant):
     torch.manual_seed(2)
     base = Checkpointed(reentrant)
-    x = torch.randn(4, 6, requires_grad=reentrant)  # the reentrant variant needs an input that requires grad
+    x = torch.randn(
+        4, 6, requires_grad=reentrant
+    )  # the reentrant variant needs an input that requires grad
     grads = []
     for wrap in (False, True):
         model = copy.deepcopy(base)
@@ -245,17 +254,27 @@ def test_symbolic_dims_flow_through_an_inferer_and_fresh_dims_without(caplog):
     with caplog.at_level(logging.DEBUG, logger="graphtrain"):
         x_type, y_type, _ = inferred_types(Double)
         inferred_types(Double)
-    assert len(y_type[1]) == 3 and not set(y_type[1]) & set(x_type[1])  # fresh dims of the declared rank
+    assert len(y_type[1]) == 3 and not set(y_type[1]) & set(
+        x_type[1]
+    )  # fresh dims of the declared rank
     lines = [r.getMessage() for r in caplog.records if "has no shape inferer" in r.getMessage()]
-    assert len(lines) == 1 and f"'{__name__}.Double'" in lines[0] and "register_shape_inferer" in lines[0]
+    assert (
+        len(lines) == 1
+        and f"'{__name__}.Double'" in lines[0]
+        and "register_shape_inferer" in lines[0]
+    )
 
 
 def test_a_bad_inferer_is_named():
     register_shape_inferer(f"{__name__}.DoubleBadInferer", lambda node, shapes, dtypes: ([], []))
-    with pytest.raises(GraphError, match=r"shape inferer of PythonOp '.*DoubleBadInferer' returned 0 shapes"):
+    with pytest.raises(
+        GraphError, match=r"shape inferer of PythonOp '.*DoubleBadInferer' returned 0 shapes"
+    ):
         inferred_types(DoubleBadInferer)
     register_shape_inferer(DoubleBadInferer, lambda node, shapes, dtypes: 1 / 0)
-    with pytest.raises(GraphError, match=r"shape inferer of PythonOp '.*DoubleBadInferer' raised.*division by zero"):
+    with pytest.raises(
+        GraphError, match=r"shape inferer of PythonOp '.*DoubleBadInferer' raised.*division by zero"
+    ):
         inferred_types(DoubleBadInferer)
     with pytest.raises(TypeError, match="not a torch.autograd.Function"):
         register_shape_inferer(nn.Linear, infer_same)
@@ -288,15 +307,21 @@ def test_custom_autograd_off_traces_through_or_names_the_function():
     x = torch.randn(2, 5, 3)
     torch.testing.assert_close(gm(x), gm.module(x))
     assert python_ops(gm) == []  # traced through: plain ops
-    with pytest.raises(UnsupportedModelError, match=r"torch.autograd.Function '.*NumpyInside'.*"
-                                                    r"GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"torch.autograd.Function '.*NumpyInside'.*"
+        r"GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD=0",
+    ):
         graphtrain.GraphModule(Wrap(NumpyInside))(x)
     graphtrain.set_option("enable_custom_autograd", True)
     gm = graphtrain.GraphModule(Wrap(NumpyInside))  # opaque: the Function runs as it is
     torch.testing.assert_close(gm(x), gm.module(x))
     gm(x).sum().backward()
-    with pytest.raises(UnsupportedModelError, match=r"'.*NumpyNoInferer' cannot run on torch.export's fake "
-                                                    r"tensors.*static infer_shape"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"'.*NumpyNoInferer' cannot run on torch.export's fake "
+        r"tensors.*static infer_shape",
+    ):
         graphtrain.GraphModule(Wrap(NumpyNoInferer))(x)
 
 
@@ -350,7 +375,9 @@ def test_an_unimportable_function_in_a_cached_graph_is_named(tmp_path):
         print(gm(torch.ones(3)).tolist(), gm.captures)
     """)
     first = run_python(script, env)
-    assert first.returncode == 0 and first.stdout.split() == ["[3.0,", "3.0,", "3.0]", "1"], first.stderr
+    assert first.returncode == 0 and first.stdout.split() == ["[3.0,", "3.0,", "3.0]", "1"], (
+        first.stderr
+    )
     second = run_python(script, env)
     assert second.returncode != 0
     assert "torch.autograd.Function '__main__.build.<locals>.Local'" in second.stderr

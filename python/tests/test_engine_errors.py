@@ -3,12 +3,12 @@
 import numpy as np
 import onnx
 import pytest
-from models import export
 from onnx import TensorProto, helper
-from onnx_util import node_model
 
 import graphtrain.engine as ge
 from graphtrain.errors import GraphError, GraphtrainError, InputError, ModelFileError
+from models import export
+from onnx_util import node_model
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,10 @@ def test_unknown_op_names_op_and_node(tmp_path):
     m.opset_import.append(helper.make_opsetid("my.domain", 1))
     p = tmp_path / "u.onnx"
     onnx.save(m, p)
-    with pytest.raises(GraphError, match=r"node '.*' \(my.domain::FancyOp\): op my.domain::FancyOp has no cpu kernel"):
+    with pytest.raises(
+        GraphError,
+        match=r"node '.*' \(my.domain::FancyOp\): op my.domain::FancyOp has no cpu kernel",
+    ):
         ge.Session(str(p))
 
 
@@ -72,10 +75,16 @@ def test_unsupported_opset_and_control_flow(tmp_path):
     onnx.save(m, p)
     with pytest.raises(ModelFileError, match="opset 9; graphtrain supports opsets 13"):
         ge.Session(str(p))
-    body = helper.make_graph([], "b", [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])])
+    body = helper.make_graph(
+        [], "b", [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])]
+    )
     node = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     p2 = tmp_path / "if.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), p2)
     with pytest.raises(ModelFileError, match="subgraph; control flow"):
@@ -84,14 +93,20 @@ def test_unsupported_opset_and_control_flow(tmp_path):
 
 def test_dangling_input_and_cycle(tmp_path):
     n = helper.make_node("Relu", ["nowhere"], ["y"], name="r")
-    g = helper.make_graph([n], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    g = helper.make_graph(
+        [n], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    )
     p = tmp_path / "d.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), p)
-    with pytest.raises(ModelFileError, match="node 'r' \\(Relu\\) input 0 'nowhere' is not a graph input"):
+    with pytest.raises(
+        ModelFileError, match="node 'r' \\(Relu\\) input 0 'nowhere' is not a graph input"
+    ):
         ge.Session(str(p))
     a = helper.make_node("Relu", ["b_out"], ["a_out"], name="a")
     b = helper.make_node("Relu", ["a_out"], ["b_out"], name="b")
-    g = helper.make_graph([a, b], "g", [], [helper.make_tensor_value_info("a_out", TensorProto.FLOAT, None)])
+    g = helper.make_graph(
+        [a, b], "g", [], [helper.make_tensor_value_info("a_out", TensorProto.FLOAT, None)]
+    )
     p = tmp_path / "cyc.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), p)
     with pytest.raises(ModelFileError, match="cycle"):
@@ -110,7 +125,9 @@ def test_wrong_inputs_at_run_time(mlp_path):
     s = ge.Session(mlp_path)
     with pytest.raises(InputError, match="input 'x' must be float32, got float64"):
         s.run({"x": np.zeros((2, 32))})
-    with pytest.raises(InputError, match=r"input 'x' must have rank 2 \(float32\[batch, 32\]\), got float32\[32\]"):
+    with pytest.raises(
+        InputError, match=r"input 'x' must have rank 2 \(float32\[batch, 32\]\), got float32\[32\]"
+    ):
         s.run({"x": np.zeros((32,), np.float32)})
     with pytest.raises(InputError, match=r"input 'x' dim 1 must be 32"):
         s.run({"x": np.zeros((2, 31), np.float32)})

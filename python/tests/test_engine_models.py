@@ -6,10 +6,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
-from models import example_inputs, export
 
 import graphtrain.engine as ge
+from models import example_inputs, export
 
 MODELS = ["mlp", "encoder", "gpt", "cnn"]
 
@@ -25,7 +24,10 @@ def exported(tmp_path_factory):
 
 
 def feeds(path, name, batch, seq):
-    return {k: v.numpy() for k, v in zip(ge.Model(path).input_names, example_inputs(name, batch, seq, seed=batch))}
+    return {
+        k: v.numpy()
+        for k, v in zip(ge.Model(path).input_names, example_inputs(name, batch, seq, seed=batch))
+    }
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from models import training_inputs, training_model
 from torch import nn
 
 import graphtrain
 from graphtrain import DebugOptions, GraphModule, UnsupportedModelError
+from models import training_inputs, training_model
 
 MODELS = ["mlp", "encoder", "gpt", "cnn"]
 
@@ -44,10 +44,12 @@ def test_twenty_adamw_steps_match_eager(name):
         # a conv bias before BatchNorm) see only rounding noise, which Adam scales to full-size
         # steps on both sides alike; every other element is compared.
         live = (grad_max[pname] > 1e-6 * scale).numpy()
-        np.testing.assert_allclose(q.detach().numpy()[live], p.detach().numpy()[live], rtol=1e-4, atol=1e-6,
-                                   err_msg=pname)
-    assert sum(int(((grad_max[n] > 1e-6 * scale)).sum()) for n in grad_max) > 0.9 * sum(
-        p.numel() for p in ref.parameters())
+        np.testing.assert_allclose(
+            q.detach().numpy()[live], p.detach().numpy()[live], rtol=1e-4, atol=1e-6, err_msg=pname
+        )
+    assert sum(int((grad_max[n] > 1e-6 * scale).sum()) for n in grad_max) > 0.9 * sum(
+        p.numel() for p in ref.parameters()
+    )
 
 
 def test_batchnorm_buffers_are_written_back():
@@ -67,7 +69,9 @@ class Nested(nn.Module):
         self.a = nn.Linear(4, 3)
         self.b = nn.Linear(4, 3)
 
-    def forward(self, inputs: dict, scale: float, *, shift: torch.Tensor, flag: bool = True) -> dict:
+    def forward(
+        self, inputs: dict, scale: float, *, shift: torch.Tensor, flag: bool = True
+    ) -> dict:
         x, y = inputs["x"], inputs["pair"][1]
         h = self.a(x) * scale + shift
         out = {"h": h, "sum": (self.b(y) + h).sum(dim=1), "note": "constant", "nothing": None}
@@ -180,10 +184,16 @@ def test_eager_fallback_warns_once_in_ten_steps(caplog):
 
 
 def test_debug_options_save_the_graphs(tmp_path):
-    gm = GraphModule(nn.Linear(3, 2), DebugOptions(save_onnx=True, onnx_prefix="lin", save_path=str(tmp_path)))
+    gm = GraphModule(
+        nn.Linear(3, 2), DebugOptions(save_onnx=True, onnx_prefix="lin", save_path=str(tmp_path))
+    )
     gm(torch.randn(4, 3)).sum().backward()
     saved = sorted(p.name for p in tmp_path.iterdir())
-    assert saved == ["lin_train_forward.onnx", "lin_train_training_backward.onnx", "lin_train_training_forward.onnx"]
+    assert saved == [
+        "lin_train_forward.onnx",
+        "lin_train_training_backward.onnx",
+        "lin_train_training_forward.onnx",
+    ]
     onnx.checker.check_model(onnx.load(tmp_path / "lin_train_forward.onnx"))
 
 
@@ -192,7 +202,9 @@ def test_module_scopes_stay_on_the_nodes(tmp_path):
     gm = GraphModule(ref, DebugOptions(save_onnx=True, onnx_prefix="mlp", save_path=str(tmp_path)))
     gm(*training_inputs("mlp")).backward()
     model = onnx.load(tmp_path / "mlp_train_forward.onnx")
-    scopes = {p.value for n in model.graph.node for p in n.metadata_props if p.key == "graphtrain.scope"}
+    scopes = {
+        p.value for n in model.graph.node for p in n.metadata_props if p.key == "graphtrain.scope"
+    }
     assert {"model.fc1", "model.norm", "model.fc2", "model.head"} <= scopes
 
 
@@ -212,7 +224,10 @@ def test_a_number_argument_that_changes_every_call_is_named_once_and_graphs_stay
             gm(torch.randn(2, 4), scale=0.1 * step).backward()
     warnings = [r.getMessage() for r in caplog.records if "has captured" in r.getMessage()]
     assert len(warnings) == 1
-    assert "argument kwargs['scale'] changes between calls" in warnings[0] and "torch.tensor" in warnings[0]
+    assert (
+        "argument kwargs['scale'] changes between calls" in warnings[0]
+        and "torch.tensor" in warnings[0]
+    )
     assert gm.captures == 20 and len(gm._runners) == graphtrain.graph_module.MAX_GRAPHS
     # the most recently used graphs are the ones kept: the last value runs without a capture
     gm(torch.randn(2, 4), scale=0.1 * 19)

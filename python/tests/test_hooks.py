@@ -47,13 +47,20 @@ def test_layout_with_a_module_called_twice_and_two_outputs(tmp_path):
     order = (step0 / "order.txt").read_text().split()
     # Pre-order indices: Net 0, shared 1, split 2, head 3.
     assert order[:6] == [
-        "Linear_1_0th_output_forward", "Linear_1_0th_output_forward", "TwoOut_2_0th_output_forward",
-        "TwoOut_2_1th_output_forward", "Linear_3_0th_output_forward", "Net_0_0th_output_forward"]
+        "Linear_1_0th_output_forward",
+        "Linear_1_0th_output_forward",
+        "TwoOut_2_0th_output_forward",
+        "TwoOut_2_1th_output_forward",
+        "Linear_3_0th_output_forward",
+        "Net_0_0th_output_forward",
+    ]
     assert "Net_0_0th_output_backward" in order[6:] and "TwoOut_2_1th_output_backward" in order[6:]
     assert (tmp_path / "out" / "step_1" / "order.txt").exists()
     text = (step0 / "TwoOut_2_1th_output_forward").read_text()
-    assert text.startswith("module: split\nname: TwoOut_2_1th_output_forward\nshape: [3, 4]\ndtype: float32\n"
-                           "elements: 12\n")
+    assert text.startswith(
+        "module: split\nname: TwoOut_2_1th_output_forward\nshape: [3, 4]\ndtype: float32\n"
+        "elements: 12\n"
+    )
 
 
 def test_values_match_numpy(tmp_path):
@@ -61,7 +68,9 @@ def test_values_match_numpy(tmp_path):
 
     class Keep(SubscriberBase):
         def post_forward_tensor_apply_impl(self, ctx, module, index, tensor):
-            seen[f"{type(module).__name__}_{ctx.module_index}_{index}th_output_forward"] = tensor.detach().numpy().copy()
+            seen[f"{type(module).__name__}_{ctx.module_index}_{index}th_output_forward"] = (
+                tensor.detach().numpy().copy()
+            )
             return tensor
 
     torch.manual_seed(1)

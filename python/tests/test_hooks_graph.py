@@ -8,9 +8,6 @@ import sys
 
 import pytest
 import torch
-from models import build, training_inputs
-from test_hooks import Net, TwoOut
-from test_stats_tool import Perturb
 
 import graphtrain
 from graphtrain.hooks import (
@@ -21,6 +18,9 @@ from graphtrain.hooks import (
     read_sidecar,
 )
 from graphtrain.stats import main as stats_main
+from models import build, training_inputs
+from test_hooks import Net, TwoOut
+from test_stats_tool import Perturb
 
 
 def train(model, out, steps=3, extra=(), inputs=None):
@@ -57,7 +57,7 @@ def test_same_files_order_and_values_as_eager(tmp_path):
         # Forward dumps in the same order; backward ones in the order each autograd engine visits
         # them (torch's own engine orders a node's tensor hooks by creation), so compared as sets.
         forward = [n for n in pt if n.endswith("_forward")]
-        assert gt[:len(forward)] == forward and sorted(gt) == sorted(pt)
+        assert gt[: len(forward)] == forward and sorted(gt) == sorted(pt)
         a = read_sidecar(str(tmp_path / "pt" / folder / "statistics.bin"))
         b = read_sidecar(str(tmp_path / "gt" / folder / "statistics.bin"))
         assert sorted(a) == sorted(b) and "TwoOut_2_1th_output_backward" in b
@@ -116,7 +116,9 @@ def test_subscribing_after_wrapping_recaptures_and_eval_counts_steps(tmp_path):
         gm(x)  # a new capture for eval mode; its forward is step 1
     assert gm.captures == 3 and manager.step == 2
     order = (tmp_path / "s" / "step_1" / "order.txt").read_text().split()
-    assert order[-1] == "Net_0_0th_output_forward" and not any(n.endswith("_backward") for n in order)
+    assert order[-1] == "Net_0_0th_output_forward" and not any(
+        n.endswith("_backward") for n in order
+    )
 
 
 class Mid(torch.nn.Module):
@@ -166,7 +168,9 @@ def test_non_tensor_outputs_are_skipped_with_one_devinfo_line(tmp_path, caplog, 
     assert len(lines) == 1 and "output 1 of module 'WithExtra' is a str" in lines[0]
     assert label == "label" and out.shape == (2, 3)
     assert (tmp_path / "n" / "step_1" / "order.txt").read_text().split() == [
-        "Linear_1_0th_output_forward", "WithExtra_0_0th_output_forward"]
+        "Linear_1_0th_output_forward",
+        "WithExtra_0_0th_output_forward",
+    ]
 
 
 def test_gpt_eager_and_graphmodule_dumps_agree_and_a_perturbation_is_found(tmp_path, capsys):
@@ -179,12 +183,25 @@ def test_gpt_eager_and_graphmodule_dumps_agree_and_a_perturbation_is_found(tmp_p
     gm = graphtrain.GraphModule(copy.deepcopy(base))
     _, graph_losses = train(gm, tmp_path / "gt", steps=5, inputs=gpt_inputs)
     torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-5, atol=1e-6)
-    assert stats_main(["compare", "--baseline", str(tmp_path / "pt"), "--candidate", str(tmp_path / "gt")]) == 0
+    assert (
+        stats_main(
+            ["compare", "--baseline", str(tmp_path / "pt"), "--candidate", str(tmp_path / "gt")]
+        )
+        == 0
+    )
     assert "no divergence" in capsys.readouterr().out
 
     gm = graphtrain.GraphModule(copy.deepcopy(base))
-    train(gm, tmp_path / "gt_bad", steps=5, extra=[Perturb("blocks.1.attn.proj", 3)], inputs=gpt_inputs)
-    code = stats_main(["compare", "--baseline", str(tmp_path / "pt"), "--candidate", str(tmp_path / "gt_bad")])
+    train(
+        gm,
+        tmp_path / "gt_bad",
+        steps=5,
+        extra=[Perturb("blocks.1.attn.proj", 3)],
+        inputs=gpt_inputs,
+    )
+    code = stats_main(
+        ["compare", "--baseline", str(tmp_path / "pt"), "--candidate", str(tmp_path / "gt_bad")]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "first divergence: step 3, module 'blocks.1.attn.proj'" in out and ", forward, " in out
@@ -205,7 +222,7 @@ def test_each_rank_writes_its_own_folder_and_compare_pairs_them(tmp_path):
 
     code = f"""
 import sys
-sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 import graphtrain
 from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
@@ -239,10 +256,28 @@ if __name__ == "__main__":
         assert (tmp_path / name / "rank_1" / "step_1" / "statistics.bin").exists()
     a = read_sidecar(str(tmp_path / "pt" / "rank_0" / "step_0" / "statistics.bin"))
     b = read_sidecar(str(tmp_path / "pt" / "rank_1" / "step_0" / "statistics.bin"))
-    assert a["Linear_1_0th_output_forward"]["mean"] != b["Linear_1_0th_output_forward"]["mean"]  # rank data
-    out = subprocess.run([sys.executable, "-m", "graphtrain.stats", "compare", "--baseline", str(tmp_path / "pt"),
-                          "--candidate", str(tmp_path / "gt")], capture_output=True, text=True)
-    assert out.returncode == 0 and "rank_1/step 1: 0 of 10" in out.stdout and "no divergence" in out.stdout, out.stdout
+    assert (
+        a["Linear_1_0th_output_forward"]["mean"] != b["Linear_1_0th_output_forward"]["mean"]
+    )  # rank data
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphtrain.stats",
+            "compare",
+            "--baseline",
+            str(tmp_path / "pt"),
+            "--candidate",
+            str(tmp_path / "gt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        out.returncode == 0
+        and "rank_1/step 1: 0 of 10" in out.stdout
+        and "no divergence" in out.stdout
+    ), out.stdout
 
 
 def test_a_cached_graph_keeps_its_hooks(tmp_path):

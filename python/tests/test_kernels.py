@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto
-from onnx_util import run_node
 
 import graphtrain.engine as ge
+from onnx_util import run_node
 
 rng = np.random.default_rng(0)
 
@@ -34,7 +34,9 @@ BROADCAST_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("op, fn", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply), ("Div", np.divide)])
+@pytest.mark.parametrize(
+    "op, fn", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply), ("Div", np.divide)]
+)
 @pytest.mark.parametrize("sa, sb", BROADCAST_SHAPES)
 def test_binary_arithmetic_float(op, fn, sa, sb):
     a, b = randn(*sa), randn(*sb)
@@ -60,8 +62,16 @@ def test_pow(e):
     close(out, np.power(a, np.float32(e)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("op, fn", [("Equal", np.equal), ("Less", np.less), ("Greater", np.greater),
-                                    ("LessOrEqual", np.less_equal), ("GreaterOrEqual", np.greater_equal)])
+@pytest.mark.parametrize(
+    "op, fn",
+    [
+        ("Equal", np.equal),
+        ("Less", np.less),
+        ("Greater", np.greater),
+        ("LessOrEqual", np.less_equal),
+        ("GreaterOrEqual", np.greater_equal),
+    ],
+)
 def test_compare(op, fn):
     a = rng.integers(0, 3, (4, 1, 5)).astype(np.float32)
     b = rng.integers(0, 3, (3, 1)).astype(np.float32)
@@ -120,11 +130,17 @@ def test_gelu_and_leaky_relu(approximate):
     close(lr, F.leaky_relu(torch.from_numpy(x), 0.2).numpy())
 
 
-@pytest.mark.parametrize("src, to, npt", [
-    (np.float32, TensorProto.INT64, np.int64), (np.int64, TensorProto.FLOAT, np.float32),
-    (np.bool_, TensorProto.FLOAT, np.float32), (np.float32, TensorProto.FLOAT16, np.float16),
-    (np.float32, TensorProto.BOOL, np.bool_), (np.int32, TensorProto.INT64, np.int64),
-])
+@pytest.mark.parametrize(
+    "src, to, npt",
+    [
+        (np.float32, TensorProto.INT64, np.int64),
+        (np.int64, TensorProto.FLOAT, np.float32),
+        (np.bool_, TensorProto.FLOAT, np.float32),
+        (np.float32, TensorProto.FLOAT16, np.float16),
+        (np.float32, TensorProto.BOOL, np.bool_),
+        (np.int32, TensorProto.INT64, np.int64),
+    ],
+)
 def test_cast(src, to, npt):
     x = (randn(3, 5) * 10).astype(src)
     (out,) = run_node("Cast", {"x": x}, {"to": to}, out_types=[to])
@@ -132,7 +148,9 @@ def test_cast(src, to, npt):
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("shape, axis", [((4, 7), -1), ((2, 3, 5), 1), ((3, 1), 0), ((2, 1000), 1), ((0, 4), 1)])
+@pytest.mark.parametrize(
+    "shape, axis", [((4, 7), -1), ((2, 3, 5), 1), ((3, 1), 0), ((2, 1000), 1), ((0, 4), 1)]
+)
 def test_softmax(op, shape, axis):
     x = randn(*shape) * 5
     (out,) = run_node(op, {"x": x}, {"axis": axis})
@@ -140,22 +158,34 @@ def test_softmax(op, shape, axis):
     close(out, fn(torch.from_numpy(x), axis).numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape, axis", [((4, 16), -1), ((2, 3, 8), -1), ((2, 3, 8), 1), ((3, 1), -1)])
+@pytest.mark.parametrize(
+    "shape, axis", [((4, 16), -1), ((2, 3, 8), -1), ((2, 3, 8), 1), ((3, 1), -1)]
+)
 def test_layer_norm(shape, axis):
     x = randn(*shape) * 3 + 1
     norm = shape[axis:] if axis >= 0 else shape[axis:]
     w, b = randn(*norm), randn(*norm)
-    y, mean, inv = run_node("LayerNormalization", {"x": x, "w": w, "b": b}, {"axis": axis, "epsilon": 1e-5}, n_outputs=3)
+    y, mean, inv = run_node(
+        "LayerNormalization", {"x": x, "w": w, "b": b}, {"axis": axis, "epsilon": 1e-5}, n_outputs=3
+    )
     ref = F.layer_norm(torch.from_numpy(x), norm, torch.from_numpy(w), torch.from_numpy(b), 1e-5)
     close(y, ref.numpy(), rtol=1e-5, atol=1e-5)
     dims = tuple(range(len(shape) - len(norm), len(shape)))
     close(mean, x.mean(axis=dims, keepdims=True), rtol=1e-5, atol=1e-6)
     close(inv, 1 / np.sqrt(x.var(axis=dims, keepdims=True) + 1e-5), rtol=1e-4)
     (y2,) = run_node("LayerNormalization", {"x": x, "w": w, "b": None}, {"axis": axis})
-    close(y2, F.layer_norm(torch.from_numpy(x), norm, torch.from_numpy(w), None, 1e-5).numpy(), rtol=1e-5, atol=1e-5)
+    close(
+        y2,
+        F.layer_norm(torch.from_numpy(x), norm, torch.from_numpy(w), None, 1e-5).numpy(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("op, fn", [("ReduceSum", np.sum), ("ReduceMean", np.mean), ("ReduceMax", np.max), ("ReduceMin", np.min)])
+@pytest.mark.parametrize(
+    "op, fn",
+    [("ReduceSum", np.sum), ("ReduceMean", np.mean), ("ReduceMax", np.max), ("ReduceMin", np.min)],
+)
 @pytest.mark.parametrize("axes, keep", [([1], 1), ([0, 2], 0), ([-1], 1), (None, 0), ([1, 2], 1)])
 def test_reduce(op, fn, axes, keep):
     x = randn(3, 4, 5)
@@ -167,7 +197,12 @@ def test_reduce(op, fn, axes, keep):
 
 def test_reduce_sum_long_row_is_accurate():
     x = (rng.random((2, 100_003)) + 1000).astype(np.float32)
-    (out,) = run_node("ReduceSum", {"x": x, "axes": np.array([1], np.int64)}, {"keepdims": 0}, constant_inputs=("axes",))
+    (out,) = run_node(
+        "ReduceSum",
+        {"x": x, "axes": np.array([1], np.int64)},
+        {"keepdims": 0},
+        constant_inputs=("axes",),
+    )
     close(out, x.astype(np.float64).sum(axis=1), rtol=1e-6)
 
 
@@ -176,7 +211,9 @@ def test_gather(axis):
     data = randn(5, 6, 7)
     idx = np.array([[0, 4], [-1, 2]], np.int64)
     (out,) = run_node("Gather", {"d": data, "i": idx}, {"axis": axis})
-    np.testing.assert_array_equal(out, np.take(data, np.where(idx < 0, idx + data.shape[axis], idx), axis=axis))
+    np.testing.assert_array_equal(
+        out, np.take(data, np.where(idx < 0, idx + data.shape[axis], idx), axis=axis)
+    )
 
 
 def test_gather_out_of_range_names_the_index():
@@ -184,7 +221,10 @@ def test_gather_out_of_range_names_the_index():
         run_node("Gather", {"d": randn(5, 3), "i": np.array([9], np.int64)})
 
 
-@pytest.mark.parametrize("target, expected", [([0, -1], (2, 12)), ([4, 6], (4, 6)), ([-1], (24,)), ([2, 3, 0], (2, 3, 4))])
+@pytest.mark.parametrize(
+    "target, expected",
+    [([0, -1], (2, 12)), ([4, 6], (4, 6)), ([-1], (24,)), ([2, 3, 0], (2, 3, 4))],
+)
 def test_reshape(target, expected):
     x = randn(2, 3, 4)
     (out,) = run_node("Reshape", {"x": x, "s": np.array(target, np.int64)}, constant_inputs=("s",))
@@ -199,7 +239,9 @@ def test_transpose(perm):
     np.testing.assert_array_equal(out, np.transpose(x, perm))
 
 
-@pytest.mark.parametrize("shape, target", [((3, 1), [2, 3, 4]), ((1,), [5]), ((2, 1, 3), [2, 4, 3]), ((4,), [1])])
+@pytest.mark.parametrize(
+    "shape, target", [((3, 1), [2, 3, 4]), ((1,), [5]), ((2, 1, 3), [2, 4, 3]), ((4,), [1])]
+)
 def test_expand(shape, target):
     x = randn(*shape)
     (out,) = run_node("Expand", {"x": x, "s": np.array(target, np.int64)}, constant_inputs=("s",))
@@ -223,8 +265,13 @@ def test_concat_and_split(axis):
     a, b, c = randn(2, 3, 4), randn(2, 3, 4), randn(2, 3, 4)
     (out,) = run_node("Concat", {"a": a, "b": b, "c": c}, {"axis": axis})
     np.testing.assert_array_equal(out, np.concatenate([a, b, c], axis=axis))
-    parts = run_node("Split", {"x": out, "s": np.array([1, 2], np.int64) * out.shape[axis] // 3}, {"axis": axis},
-                     n_outputs=2, constant_inputs=("s",))
+    parts = run_node(
+        "Split",
+        {"x": out, "s": np.array([1, 2], np.int64) * out.shape[axis] // 3},
+        {"axis": axis},
+        n_outputs=2,
+        constant_inputs=("s",),
+    )
     ref = np.split(out, [out.shape[axis] // 3], axis=axis)
     for p, r in zip(parts, ref):
         np.testing.assert_array_equal(p, r)
@@ -233,14 +280,26 @@ def test_concat_and_split(axis):
         np.testing.assert_array_equal(p, r)
 
 
-@pytest.mark.parametrize("starts, ends, axes, steps", [
-    ([1], [3], [0], [1]), ([0, 1], [10, -1], [0, 2], [1, 2]), ([-1], [-100], [1], [-1]),
-    ([2], [2**62], [2], [1]), ([3], [0], [0], [-2]), ([0], [0], [1], [1]),
-])
+@pytest.mark.parametrize(
+    "starts, ends, axes, steps",
+    [
+        ([1], [3], [0], [1]),
+        ([0, 1], [10, -1], [0, 2], [1, 2]),
+        ([-1], [-100], [1], [-1]),
+        ([2], [2**62], [2], [1]),
+        ([3], [0], [0], [-2]),
+        ([0], [0], [1], [1]),
+    ],
+)
 def test_slice(starts, ends, axes, steps):
     x = randn(4, 5, 6)
-    inputs = {"x": x, "s": np.array(starts, np.int64), "e": np.array(ends, np.int64),
-              "a": np.array(axes, np.int64), "t": np.array(steps, np.int64)}
+    inputs = {
+        "x": x,
+        "s": np.array(starts, np.int64),
+        "e": np.array(ends, np.int64),
+        "a": np.array(axes, np.int64),
+        "t": np.array(steps, np.int64),
+    }
     (out,) = run_node("Slice", inputs, constant_inputs=("s", "e", "a", "t"))
     sl = [slice(None)] * 3
     for s, e, a, t in zip(starts, ends, axes, steps):
@@ -254,21 +313,45 @@ def test_constants_shape_range_trilu():
     np.testing.assert_array_equal(sh, [4, 5])
     (cos,) = run_node("ConstantOfShape", {"s": np.array([2, 3], np.int64)}, constant_inputs=("s",))
     np.testing.assert_array_equal(cos, np.zeros((2, 3), np.float32))
-    (r,) = run_node("Range", {"a": np.array(1, np.int64), "b": np.array(10, np.int64), "d": np.array(3, np.int64)},
-                    out_types=[TensorProto.INT64])
+    (r,) = run_node(
+        "Range",
+        {"a": np.array(1, np.int64), "b": np.array(10, np.int64), "d": np.array(3, np.int64)},
+        out_types=[TensorProto.INT64],
+    )
     np.testing.assert_array_equal(r, np.arange(1, 10, 3))
-    (rf,) = run_node("Range", {"a": np.array(0.5, np.float32), "b": np.array(2.0, np.float32), "d": np.array(0.5, np.float32)})
+    (rf,) = run_node(
+        "Range",
+        {
+            "a": np.array(0.5, np.float32),
+            "b": np.array(2.0, np.float32),
+            "d": np.array(0.5, np.float32),
+        },
+    )
     close(rf, np.arange(0.5, 2.0, 0.5, dtype=np.float32))
     m = randn(2, 4, 5)
     for upper in (0, 1):
         for k in (-1, 0, 2):
-            (t,) = run_node("Trilu", {"x": m, "k": np.array(k, np.int64)}, {"upper": upper}, constant_inputs=("k",))
+            (t,) = run_node(
+                "Trilu",
+                {"x": m, "k": np.array(k, np.int64)},
+                {"upper": upper},
+                constant_inputs=("k",),
+            )
             np.testing.assert_array_equal(t, np.triu(m, k) if upper else np.tril(m, k))
 
 
-MATMUL_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((1, 3, 4), (2, 4, 5)),
-                 ((4,), (4, 5)), ((3, 4), (4,)), ((2, 1, 3, 4), (5, 4, 6)), ((3, 0), (0, 2)), ((0, 3), (3, 2)),
-                 ((65, 130), (130, 67))]
+MATMUL_SHAPES = [
+    ((3, 4), (4, 5)),
+    ((2, 3, 4), (4, 5)),
+    ((2, 3, 4), (2, 4, 5)),
+    ((1, 3, 4), (2, 4, 5)),
+    ((4,), (4, 5)),
+    ((3, 4), (4,)),
+    ((2, 1, 3, 4), (5, 4, 6)),
+    ((3, 0), (0, 2)),
+    ((0, 3), (3, 2)),
+    ((65, 130), (130, 67)),
+]
 
 
 @pytest.mark.parametrize("sa, sb", MATMUL_SHAPES)
@@ -278,12 +361,16 @@ def test_matmul(sa, sb):
     close(out, np.matmul(a.astype(np.float64), b.astype(np.float64)), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("ta, tb, c_shape", [(0, 0, (5,)), (1, 0, (3, 5)), (0, 1, (1, 5)), (1, 1, ()), (0, 0, None)])
+@pytest.mark.parametrize(
+    "ta, tb, c_shape", [(0, 0, (5,)), (1, 0, (3, 5)), (0, 1, (1, 5)), (1, 1, ()), (0, 0, None)]
+)
 def test_gemm(ta, tb, c_shape):
     a = randn(4, 3) if ta else randn(3, 4)
     b = randn(5, 4) if tb else randn(4, 5)
     c = None if c_shape is None else randn(*c_shape)
-    (out,) = run_node("Gemm", {"a": a, "b": b, "c": c}, {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0})
+    (out,) = run_node(
+        "Gemm", {"a": a, "b": b, "c": c}, {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0}
+    )
     ref = 0.5 * (a.T if ta else a) @ (b.T if tb else b) + (0 if c is None else 2.0 * c)
     close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -291,8 +378,14 @@ def test_gemm(ta, tb, c_shape):
 def test_dropout_is_statistically_right_and_seeded():
     x = np.ones((400, 500), np.float32)
     inputs = {"x": x, "r": np.array(0.3, np.float32), "t": np.array(True)}
-    y, mask = run_node("Dropout", inputs, {"seed": 7}, n_outputs=2,
-                       out_types=[TensorProto.FLOAT, TensorProto.BOOL], constant_inputs=("r", "t"))
+    y, mask = run_node(
+        "Dropout",
+        inputs,
+        {"seed": 7},
+        n_outputs=2,
+        out_types=[TensorProto.FLOAT, TensorProto.BOOL],
+        constant_inputs=("r", "t"),
+    )
     keep = mask.mean()
     # 200,000 Bernoulli(0.7) draws: standard error 0.001.
     assert abs(keep - 0.7) < 0.005
@@ -301,11 +394,21 @@ def test_dropout_is_statistically_right_and_seeded():
     # Independent of neighbours: adjacent elements agree as often as independent draws would.
     agree = (mask[:, 1:] == mask[:, :-1]).mean()
     assert abs(agree - (0.7**2 + 0.3**2)) < 0.01
-    y2, mask2 = run_node("Dropout", inputs, {"seed": 7}, n_outputs=2,
-                         out_types=[TensorProto.FLOAT, TensorProto.BOOL], constant_inputs=("r", "t"))
+    y2, mask2 = run_node(
+        "Dropout",
+        inputs,
+        {"seed": 7},
+        n_outputs=2,
+        out_types=[TensorProto.FLOAT, TensorProto.BOOL],
+        constant_inputs=("r", "t"),
+    )
     np.testing.assert_array_equal(mask, mask2)  # same seed, same first call: same mask
-    (ident, m3) = run_node("Dropout", {"x": x, "r": None, "t": None}, n_outputs=2,
-                           out_types=[TensorProto.FLOAT, TensorProto.BOOL])
+    (ident, m3) = run_node(
+        "Dropout",
+        {"x": x, "r": None, "t": None},
+        n_outputs=2,
+        out_types=[TensorProto.FLOAT, TensorProto.BOOL],
+    )
     np.testing.assert_array_equal(ident, x)
     assert m3.all()
 
@@ -321,32 +424,56 @@ def test_softmax_cross_entropy(reduction, weighted, ignore, spatial):
     attrs = {"reduction": reduction}
     if ignore is not None:
         attrs["ignore_index"] = ignore
-    loss, logp = run_node("SoftmaxCrossEntropyLoss", {"s": scores, "l": labels, "w": w}, attrs, n_outputs=2)
-    ref = F.cross_entropy(torch.from_numpy(scores), torch.from_numpy(labels),
-                          weight=None if w is None else torch.from_numpy(w),
-                          ignore_index=-100 if ignore is None else ignore, reduction=reduction)
+    loss, logp = run_node(
+        "SoftmaxCrossEntropyLoss", {"s": scores, "l": labels, "w": w}, attrs, n_outputs=2
+    )
+    ref = F.cross_entropy(
+        torch.from_numpy(scores),
+        torch.from_numpy(labels),
+        weight=None if w is None else torch.from_numpy(w),
+        ignore_index=-100 if ignore is None else ignore,
+        reduction=reduction,
+    )
     close(loss, ref.numpy(), rtol=1e-5, atol=1e-6)
     close(logp, torch.log_softmax(torch.from_numpy(scores), 1).numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("stride, pad, dil, group", [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (2, 1, 1, 2), (1, 1, 1, 4)])
+@pytest.mark.parametrize(
+    "stride, pad, dil, group",
+    [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (2, 1, 1, 2), (1, 1, 1, 4)],
+)
 def test_conv2d(stride, pad, dil, group):
     x = randn(2, 4, 9, 8)
     w = randn(8, 4 // group, 3, 3)
     b = randn(8)
-    (out,) = run_node("Conv", {"x": x, "w": w, "b": b}, {"strides": [stride] * 2, "pads": [pad] * 4,
-                                                       "dilations": [dil] * 2, "group": group})
-    ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), stride, pad, dil, group)
+    (out,) = run_node(
+        "Conv",
+        {"x": x, "w": w, "b": b},
+        {"strides": [stride] * 2, "pads": [pad] * 4, "dilations": [dil] * 2, "group": group},
+    )
+    ref = F.conv2d(
+        torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), stride, pad, dil, group
+    )
     close(out, ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_conv1d_and_same_padding():
     x, w = randn(3, 2, 11), randn(4, 2, 3)
     (out,) = run_node("Conv", {"x": x, "w": w}, {"pads": [1, 1]})
-    close(out, F.conv1d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy(), rtol=1e-4, atol=1e-4)
+    close(
+        out,
+        F.conv1d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     x2, w2 = randn(1, 3, 7, 7), randn(2, 3, 3, 3)
     (same,) = run_node("Conv", {"x": x2, "w": w2}, {"auto_pad": "SAME_UPPER"})
-    close(same, F.conv2d(torch.from_numpy(x2), torch.from_numpy(w2), padding="same").numpy(), rtol=1e-4, atol=1e-4)
+    close(
+        same,
+        F.conv2d(torch.from_numpy(x2), torch.from_numpy(w2), padding="same").numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     (pw,) = run_node("Conv", {"x": x2, "w": randn(5, 3, 1, 1)}, {})
     assert pw.shape == (1, 5, 7, 7)
 
@@ -355,15 +482,21 @@ def test_conv1d_and_same_padding():
 def test_pooling(k, s, p, ceil):
     x = randn(2, 3, 9, 10)
     attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4, "ceil_mode": ceil}
-    y, idx = run_node("MaxPool", {"x": x}, attrs, n_outputs=2, out_types=[TensorProto.FLOAT, TensorProto.INT64])
-    ref, ref_idx = F.max_pool2d(torch.from_numpy(x), k, s, p, ceil_mode=bool(ceil), return_indices=True)
+    y, idx = run_node(
+        "MaxPool", {"x": x}, attrs, n_outputs=2, out_types=[TensorProto.FLOAT, TensorProto.INT64]
+    )
+    ref, ref_idx = F.max_pool2d(
+        torch.from_numpy(x), k, s, p, ceil_mode=bool(ceil), return_indices=True
+    )
     close(y, ref.numpy())
     # torch's indices are per (n, c) plane; ONNX's count over the whole tensor.
     plane = np.arange(2 * 3).reshape(2, 3, 1, 1) * 9 * 10
     np.testing.assert_array_equal(idx, ref_idx.numpy() + plane)
     for include in (0, 1):
         (a,) = run_node("AveragePool", {"x": x}, {**attrs, "count_include_pad": include})
-        ra = F.avg_pool2d(torch.from_numpy(x), k, s, p, ceil_mode=bool(ceil), count_include_pad=bool(include))
+        ra = F.avg_pool2d(
+            torch.from_numpy(x), k, s, p, ceil_mode=bool(ceil), count_include_pad=bool(include)
+        )
         close(a, ra.numpy(), rtol=1e-5, atol=1e-6)
     (g,) = run_node("GlobalAveragePool", {"x": x})
     close(g, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
@@ -372,23 +505,53 @@ def test_pooling(k, s, p, ceil):
 def test_batch_norm_inference_and_training():
     x = randn(4, 3, 5, 5) * 2 + 1
     scale, bias, mean, var = randn(3), randn(3), randn(3), np.abs(randn(3)) + 0.5
-    (y,) = run_node("BatchNormalization", {"x": x, "s": scale, "b": bias, "m": mean, "v": var}, {"epsilon": 1e-5})
-    ref = F.batch_norm(torch.from_numpy(x), torch.from_numpy(mean), torch.from_numpy(var),
-                       torch.from_numpy(scale), torch.from_numpy(bias), False, 0.1, 1e-5)
+    (y,) = run_node(
+        "BatchNormalization",
+        {"x": x, "s": scale, "b": bias, "m": mean, "v": var},
+        {"epsilon": 1e-5},
+    )
+    ref = F.batch_norm(
+        torch.from_numpy(x),
+        torch.from_numpy(mean),
+        torch.from_numpy(var),
+        torch.from_numpy(scale),
+        torch.from_numpy(bias),
+        False,
+        0.1,
+        1e-5,
+    )
     close(y, ref.numpy(), rtol=1e-5, atol=1e-5)
-    y, rm, rv = run_node("BatchNormalization", {"x": x, "s": scale, "b": bias, "m": mean, "v": var},
-                         {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 1}, n_outputs=3, opset=15)
+    y, rm, rv = run_node(
+        "BatchNormalization",
+        {"x": x, "s": scale, "b": bias, "m": mean, "v": var},
+        {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 1},
+        n_outputs=3,
+        opset=15,
+    )
     rm_t, rv_t = torch.from_numpy(mean.copy()), torch.from_numpy(var.copy())
-    ref = F.batch_norm(torch.from_numpy(x), rm_t, rv_t, torch.from_numpy(scale), torch.from_numpy(bias), True, 0.1, 1e-5)
+    ref = F.batch_norm(
+        torch.from_numpy(x),
+        rm_t,
+        rv_t,
+        torch.from_numpy(scale),
+        torch.from_numpy(bias),
+        True,
+        0.1,
+        1e-5,
+    )
     close(y, ref.numpy(), rtol=1e-4, atol=1e-5)
-    batch_mean, batch_var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))  # ONNX: population variance
+    batch_mean, batch_var = (
+        x.mean(axis=(0, 2, 3)),
+        x.var(axis=(0, 2, 3)),
+    )  # ONNX: population variance
     close(rm, 0.9 * mean + 0.1 * batch_mean, rtol=1e-5, atol=1e-6)
     close(rv, 0.9 * var + 0.1 * batch_var, rtol=1e-5, atol=1e-6)
 
 
 def test_strided_and_torch_inputs(tmp_path):
-    from onnx_util import node_model
     import onnx
+
+    from onnx_util import node_model
 
     a = torch.randn(6, 4).t()  # non-contiguous source
     b = torch.randn(4, 6)[:, ::1]
@@ -402,13 +565,20 @@ def test_strided_and_torch_inputs(tmp_path):
     np.testing.assert_allclose(out_np, (a + b).numpy())
 
 
-@pytest.mark.parametrize("op, ref", [
-    ("Exp", np.exp), ("Tanh", np.tanh), ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
-    ("Erf", lambda x: torch.erf(torch.from_numpy(x)).numpy()),
-])
+@pytest.mark.parametrize(
+    "op, ref",
+    [
+        ("Exp", np.exp),
+        ("Tanh", np.tanh),
+        ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+        ("Erf", lambda x: torch.erf(torch.from_numpy(x)).numpy()),
+    ],
+)
 def test_vectorized_math_accuracy_over_a_dense_range(op, ref):
     """The kernels' own exp/erf/tanh (8 lanes at a time) against float64 references."""
-    x = np.concatenate([np.linspace(-30, 30, 200_001), [0.0, -0.0, 1e-8, -1e-8, 88.0, -87.0, 100.0, -100.0]])
+    x = np.concatenate(
+        [np.linspace(-30, 30, 200_001), [0.0, -0.0, 1e-8, -1e-8, 88.0, -87.0, 100.0, -100.0]]
+    )
     x = x.astype(np.float32)
     (out,) = run_node(op, {"x": x})
     with np.errstate(over="ignore"):

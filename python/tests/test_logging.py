@@ -2,9 +2,9 @@ import logging
 import socket
 
 import pytest
-from conftest import run_python
 
 import graphtrain
+from conftest import run_python
 from graphtrain import LogLevel, log, log_once
 
 
@@ -121,7 +121,7 @@ def _free_port() -> int:
 def test_rank_from_torch_distributed(level):
     """Two real gloo ranks on loopback; RANK is not set, the rank comes from torch.distributed."""
     port = _free_port()
-    code = """
+    code = f"""
 import os, sys
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -137,7 +137,7 @@ def work(rank):
 
 if __name__ == "__main__":
     mp.start_processes(work, nprocs=2, start_method="spawn")
-""".format(port=port)
+"""
     import os
     import subprocess
     import sys

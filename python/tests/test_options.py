@@ -3,9 +3,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_python
 
 import graphtrain
+from conftest import run_python
 from graphtrain import OptionError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,9 @@ def test_cli_prints_the_table():
 
 def test_readme_options_table_matches_registry():
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "readme_options.py")], capture_output=True, text=True
+        [sys.executable, str(ROOT / "scripts" / "readme_options.py")],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     readme = (ROOT / "README.md").read_text()

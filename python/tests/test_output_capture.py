@@ -3,9 +3,9 @@ import logging
 import os
 
 import pytest
-from conftest import run_python
 
 import graphtrain
+from conftest import run_python
 
 libc = ctypes.CDLL(None, use_errno=True)
 

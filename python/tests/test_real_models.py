@@ -10,11 +10,10 @@ import re
 import numpy as np
 import pytest
 import torch
-from real_models import MODELS, build, inputs
 
 import graphtrain
-from graphtrain import GraphModule, UnsupportedModelError
-from graphtrain import _aten
+from graphtrain import GraphModule, UnsupportedModelError, _aten
+from real_models import MODELS, build, inputs
 
 NAMES = sorted(MODELS)
 
@@ -41,7 +40,9 @@ def test_step0_loss_and_every_gradient_match_eager(name):
     assert ref_grads.keys() == grads.keys()
     scale = max(g.abs().max().item() for g in ref_grads.values())
     for n, g in ref_grads.items():
-        torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6 * scale, msg=lambda m, n=n: f"{n}: {m}")
+        torch.testing.assert_close(
+            grads[n], g, rtol=1e-4, atol=1e-6 * scale, msg=lambda m, n=n: f"{n}: {m}"
+        )
     assert graphtrain.explain(ref, **batch).fallback_ops == []  # every op runs natively
 
 
@@ -81,7 +82,9 @@ def test_six_adamw_steps_match_eager(name):
     rel = np.abs(np.array(ours) - theirs) / np.abs(theirs)
     tolerance = 1e-4
     if name == "resnet":
-        floor = float(np.max(np.abs(np.array(_train(floor_model, name, 6)) - theirs) / np.abs(theirs)))
+        floor = float(
+            np.max(np.abs(np.array(_train(floor_model, name, 6)) - theirs) / np.abs(theirs))
+        )
         print(f"resnet noise floor (1 ulp of the parameters): {floor:.2e}")
         tolerance = max(tolerance, 10 * floor)
     assert rel.max() <= tolerance, f"losses {ours} vs eager {theirs}"
@@ -106,7 +109,9 @@ def test_fallback_policy_off_names_op_and_module(monkeypatch):
     graphtrain.set_option("fallback_policy", "off")
     monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.layer_norm.default)
     gm = GraphModule(build("gpt2"))
-    with pytest.raises(UnsupportedModelError, match=r"aten.layer_norm.default.*module 'transformer.h.0.ln_1'"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"aten.layer_norm.default.*module 'transformer.h.0.ln_1'"
+    ):
         gm(**inputs("gpt2", 2, seed=0))
 
 
@@ -118,16 +123,23 @@ def test_explain_reports_every_op_of_gpt2(monkeypatch):
     counts = report.counts()
     assert counts["native"] > 100 and set(counts) == {"native"}
     attention = [r for r in report.ops if r.op == "aten.scaled_dot_product_attention.default"]
-    assert attention[0].count == 2 and attention[0].modules == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    assert attention[0].count == 2 and attention[0].modules == [
+        "transformer.h.0.attn",
+        "transformer.h.1.attn",
+    ]
     text = str(report)
-    assert text.startswith("GPT2LMHeadModel:") and "aten.scaled_dot_product_attention.default" in text
+    assert (
+        text.startswith("GPT2LMHeadModel:") and "aten.scaled_dot_product_attention.default" in text
+    )
     # with an op forced through the fallback, the report says so and names the module
     monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.layer_norm.default)
     report = graphtrain.explain(GraphModule(model), **batch)
     assert report.fallback_ops == ["aten.layer_norm.default"]
     (norm,) = [r for r in report.ops if r.runs_as == "ATen fallback"]
     assert norm.count == 5 and "transformer.ln_f" in norm.modules
-    assert re.search(r"aten.layer_norm.default +ATen fallback +5  transformer.h.0.ln_1", str(report))
+    assert re.search(
+        r"aten.layer_norm.default +ATen fallback +5  transformer.h.0.ln_1", str(report)
+    )
 
 
 def test_explain_gives_the_reason_a_model_cannot_be_captured():
@@ -154,7 +166,9 @@ def test_returned_cache_holds_this_calls_tensors(name):
         ours = gm(**batch).past_key_values
         assert type(ours) is type(theirs) and len(ours.layers) == len(theirs.layers)
         for a, b in zip(ours.layers, theirs.layers):
-            assert type(a.keys) is torch.Tensor and not isinstance(a.keys, torch._subclasses.FakeTensor)
+            assert type(a.keys) is torch.Tensor and not isinstance(
+                a.keys, torch._subclasses.FakeTensor
+            )
             torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
         assert ours.get_seq_length() == theirs.get_seq_length() == 16
@@ -171,5 +185,7 @@ def test_autocast_region_is_named_in_a_clear_error():
                 y = self.proj(x)
             return y.float().sum()
 
-    with pytest.raises(UnsupportedModelError, match=r"torch.autocast region \(cpu, torch.bfloat16\).*float32"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"torch.autocast region \(cpu, torch.bfloat16\).*float32"
+    ):
         GraphModule(Mixed())(torch.randn(2, 4))

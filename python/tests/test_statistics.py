@@ -15,12 +15,17 @@ def reference(x: np.ndarray) -> dict:
     finite = v[np.isfinite(v)]
     nan = math.nan
     return {
-        "count": v.size, "finite": finite.size,
-        "min": finite.min() if finite.size else nan, "max": finite.max() if finite.size else nan,
+        "count": v.size,
+        "finite": finite.size,
+        "min": finite.min() if finite.size else nan,
+        "max": finite.max() if finite.size else nan,
         "mean": finite.mean() if finite.size else nan,
         "std": finite.std(ddof=1) if finite.size > 1 else nan,
-        "nan": int(np.isnan(v).sum()), "inf": int(np.isinf(v).sum()),
-        "negative": int((v < 0).sum()), "positive": int((v > 0).sum()), "zero": int((v == 0).sum()),
+        "nan": int(np.isnan(v).sum()),
+        "inf": int(np.isinf(v).sum()),
+        "negative": int((v < 0).sum()),
+        "positive": int((v > 0).sum()),
+        "zero": int((v == 0).sum()),
         "first": v[:128].tolist(),
     }
 

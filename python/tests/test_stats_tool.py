@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import torch
-from models import build, training_inputs
 
 from graphtrain.hooks import StatisticsSubscriber, SubscriberBase, SubscriberManager
 from graphtrain.stats import main
+from models import build, training_inputs
 
 
 class Perturb(SubscriberBase):
@@ -37,18 +37,32 @@ def test_identical_runs_agree_and_a_perturbation_is_found(tmp_path, capsys):
     base = build("gpt").train()
     dump(copy.deepcopy(base), tmp_path / "a")
     dump(copy.deepcopy(base), tmp_path / "b")
-    assert main(["compare", "--baseline", str(tmp_path / "a"), "--candidate", str(tmp_path / "b")]) == 0
+    assert (
+        main(["compare", "--baseline", str(tmp_path / "a"), "--candidate", str(tmp_path / "b")])
+        == 0
+    )
     assert "no divergence" in capsys.readouterr().out
     dump(copy.deepcopy(base), tmp_path / "c", [Perturb("blocks.1.attn.proj", 3)])
     report = tmp_path / "report.html"
-    code = main(["compare", "--baseline", str(tmp_path / "a"), "--candidate", str(tmp_path / "c"),
-                 "--html", str(report)])
+    code = main(
+        [
+            "compare",
+            "--baseline",
+            str(tmp_path / "a"),
+            "--candidate",
+            str(tmp_path / "c"),
+            "--html",
+            str(report),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "first divergence: step 3, module 'blocks.1.attn.proj'" in out and ", forward, " in out
     page = report.read_text()
     assert "First divergence" in page and "blocks.1.attn.proj" in page and "<svg" in page
-    assert "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page  # self-contained
+    assert (
+        "http://" not in page.replace("http://www.w3.org", "") and "<script" not in page
+    )  # self-contained
 
 
 def test_merge_lines_up_and_reports_missing(tmp_path, capsys):
@@ -58,20 +72,56 @@ def test_merge_lines_up_and_reports_missing(tmp_path, capsys):
         SubscriberManager().subscribe(m, [StatisticsSubscriber(str(tmp_path / name))])
         m(*training_inputs("mlp")[:1]).sum().backward()
     (tmp_path / "b" / "step_0" / "Linear_1_0th_output_forward").unlink()
-    assert main(["merge", "--pt_dir", str(tmp_path / "a"), "--ort_dir", str(tmp_path / "b"),
-                 "--output_dir", str(tmp_path / "m")]) == 0
+    assert (
+        main(
+            [
+                "merge",
+                "--pt_dir",
+                str(tmp_path / "a"),
+                "--ort_dir",
+                str(tmp_path / "b"),
+                "--output_dir",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "'Linear_1_0th_output_forward' is missing in the candidate run" in out
     a = (tmp_path / "m" / "step_0" / "baseline.txt").read_text().splitlines()
     b = (tmp_path / "m" / "step_0" / "candidate.txt").read_text().splitlines()
     headers = lambda lines: [x for x in lines if x.startswith("== ")]  # noqa: E731
     assert headers(a) == headers(b)
-    assert main(["merge", "--baseline", str(tmp_path / "a"), "--candidate", str(tmp_path / "b"),
-                 "--output", str(tmp_path / "m")]) == 2
+    assert (
+        main(
+            [
+                "merge",
+                "--baseline",
+                str(tmp_path / "a"),
+                "--candidate",
+                str(tmp_path / "b"),
+                "--output",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 2
+    )
     assert "--overwrite" in capsys.readouterr().err
 
 
 def test_bad_input_exits_2_and_module_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "graphtrain.stats", "compare", "--baseline", str(tmp_path / "none"),
-                        "--candidate", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphtrain.stats",
+            "compare",
+            "--baseline",
+            str(tmp_path / "none"),
+            "--candidate",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "is not a folder of statistics dumps" in r.stderr

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+
 from models import export_training
 
 CLI = shutil.which("graphtrain-train", path=str(Path(sys.executable).parent))
@@ -40,13 +41,20 @@ def final_loss(r):
 
 def test_trains_and_exports(setup):
     d, model = setup
-    r = run(model, "--data", d / "dataz.npz", "--steps", 150, "--lr", 3e-3, "--out", d / "trained.onnx")
-    losses = [float(line.split("loss")[1].split()[0]) for line in r.stderr.splitlines() if line.startswith("step")]
+    r = run(
+        model, "--data", d / "dataz.npz", "--steps", 150, "--lr", 3e-3, "--out", d / "trained.onnx"
+    )
+    losses = [
+        float(line.split("loss")[1].split()[0])
+        for line in r.stderr.splitlines()
+        if line.startswith("step")
+    ]
     assert losses[-1] < losses[0] / 5, r.stderr
     assert "steps/s" in r.stderr
     data = np.load(d / "data.npz")
     (loss,) = ort.InferenceSession(str(d / "trained.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"x": data["x"][:64], "labels": data["labels"][:64]})
+        None, {"x": data["x"][:64], "labels": data["labels"][:64]}
+    )
     assert loss < 0.5
 
 
@@ -74,6 +82,7 @@ def test_clear_errors(setup, tmp_path):
     assert "no value named 'logits' for the loss" in r.stderr
     r = run(model, "--data", d / "data.npz", "--steps", "many", check=False)
     assert r.returncode == 2 and "--steps needs a number, got 'many'" in r.stderr
+
     # A non-scalar loss: the per-example losses of a reduction="none" model.
     class PerExample(torch.nn.Module):
         def __init__(self):
@@ -87,8 +96,14 @@ def test_clear_errors(setup, tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(PerExample(), (torch.randn(4, 32), torch.zeros(4, dtype=torch.int64)),
-                          str(tmp_path / "vec.onnx"), dynamo=False, input_names=["x", "labels"],
-                          dynamic_axes={"x": {0: "b"}, "labels": {0: "b"}}, opset_version=18)
+        torch.onnx.export(
+            PerExample(),
+            (torch.randn(4, 32), torch.zeros(4, dtype=torch.int64)),
+            str(tmp_path / "vec.onnx"),
+            dynamo=False,
+            input_names=["x", "labels"],
+            dynamic_axes={"x": {0: "b"}, "labels": {0: "b"}},
+            opset_version=18,
+        )
     r = run(tmp_path / "vec.onnx", "--data", d / "data.npz", check=False)
     assert "training needs a scalar loss" in r.stderr

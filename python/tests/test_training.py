@@ -5,10 +5,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from models import TRAINING_INPUT_NAMES, export_training, training_inputs
 
 import graphtrain.engine as ge
 from graphtrain.errors import GraphError, InputError, ModelFileError
+from models import TRAINING_INPUT_NAMES, export_training, training_inputs
 
 MODELS = ["mlp", "encoder", "gpt", "cnn"]
 
@@ -38,8 +38,9 @@ def test_whole_model_gradients_match_torch(name, exported):
     for pname, p in params.items():
         # rtol 1e-4; the absolute floor is relative to the model's largest gradient (a conv bias
         # followed by BatchNorm has a true gradient of zero, and both sides hold rounding noise).
-        np.testing.assert_allclose(ts.gradient(pname), p.grad.numpy(), rtol=1e-4, atol=1e-6 * scale,
-                                   err_msg=pname)
+        np.testing.assert_allclose(
+            ts.gradient(pname), p.grad.numpy(), rtol=1e-4, atol=1e-6 * scale, err_msg=pname
+        )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -64,12 +65,16 @@ def test_twenty_adamw_steps_match_torch(name, exported):
     # Adam turns the rounding noise both sides see into full-size, unrelated steps.)
     for pname, p in model.named_parameters():
         if pname.endswith("weight"):
-            np.testing.assert_allclose(ts.parameter(pname), p.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=pname)
+            np.testing.assert_allclose(
+                ts.parameter(pname), p.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=pname
+            )
 
 
 def test_sgd_with_momentum_matches_torch(exported):
     model = export_training("mlp", exported["mlp"])
-    ts = ge.TrainingSession(exported["mlp"], optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4)
+    ts = ge.TrainingSession(
+        exported["mlp"], optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     for step in range(10):
         inputs = training_inputs("mlp", seed=step)
@@ -115,7 +120,9 @@ def test_bad_checkpoints_are_named(exported, tmp_path):
     export_training("cnn", exported["cnn"])
     ck = str(tmp_path / "mlp.ck")
     ge.TrainingSession(exported["mlp"]).save_checkpoint(ck)
-    with pytest.raises(ModelFileError, match=r"checkpoint .*: parameter 'model\.\w+\.\w+' is missing"):
+    with pytest.raises(
+        ModelFileError, match=r"checkpoint .*: parameter 'model\.\w+\.\w+' is missing"
+    ):
         ge.TrainingSession(exported["cnn"]).load_checkpoint(ck)
     with pytest.raises(ModelFileError, match="adamw state but this session uses sgd"):
         ge.TrainingSession(exported["mlp"], optimizer="sgd").load_checkpoint(ck)
@@ -144,19 +151,28 @@ def test_mlp_stash_is_minimal(exported):
     ts = ge.TrainingSession(exported["mlp"])
     stashed = sorted(ts.stashed)
     assert len(stashed) == len(set(stashed))  # no duplicates
-    expected = sorted([
-        "x",                                    # fc1.weight's gradient
-        "/model/Relu_output_0",                 # ReLU's gradient and LayerNorm's input
-        "/model/norm/LayerNormalization_output_0",  # fc2.weight's gradient
-        "/model/fc2/Gemm_output_0", "/model/Div_output_0", "/model/Add_output_0",  # GELU (erf form)
-        "/model/Mul_1_output_0",                # head.weight's gradient
-        "labels",
-        "model.fc2.weight", "model.head.weight", "model.norm.weight",  # input gradients
-    ])
+    expected = sorted(
+        [
+            "x",  # fc1.weight's gradient
+            "/model/Relu_output_0",  # ReLU's gradient and LayerNorm's input
+            "/model/norm/LayerNormalization_output_0",  # fc2.weight's gradient
+            "/model/fc2/Gemm_output_0",
+            "/model/Div_output_0",
+            "/model/Add_output_0",  # GELU (erf form)
+            "/model/Mul_1_output_0",  # head.weight's gradient
+            "labels",
+            "model.fc2.weight",
+            "model.head.weight",
+            "model.norm.weight",  # input gradients
+        ]
+    )
     # The builder's own values: LayerNorm's mean and inverse std, the loss's log-probabilities.
     extra = [s for s in stashed if s not in expected]
     assert sorted(s.split("_out")[0] for s in extra) == [
-        "/SoftmaxCrossEntropyLoss", "/model/norm/LayerNormalization", "/model/norm/LayerNormalization"], extra
+        "/SoftmaxCrossEntropyLoss",
+        "/model/norm/LayerNormalization",
+        "/model/norm/LayerNormalization",
+    ], extra
     assert set(expected) <= set(stashed)
     assert len(stashed) == 14
 

@@ -27,7 +27,19 @@ from ._subscriber import RunContext, SubscriberBase
 
 # statistics.bin: records of  name length (uint32), name (utf-8), module path length (uint32),
 # module path (utf-8), then the fields below (float64).
-SIDECAR_FIELDS = ("count", "finite", "min", "max", "mean", "std", "nan", "inf", "negative", "positive", "zero")
+SIDECAR_FIELDS = (
+    "count",
+    "finite",
+    "min",
+    "max",
+    "mean",
+    "std",
+    "nan",
+    "inf",
+    "negative",
+    "positive",
+    "zero",
+)
 _active: list[StatisticsSubscriber] = []
 
 
@@ -46,8 +58,14 @@ class StatisticsSubscriber(SubscriberBase):
     replaces, writes) only its own `output_dir/rank_R`.
     """
 
-    def __init__(self, output_dir: str, start_step: int | None = None, end_step: int | None = None,
-                 override_output_dir: bool = False, bucket_size: int = 1 << 29) -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        start_step: int | None = None,
+        end_step: int | None = None,
+        override_output_dir: bool = False,
+        bucket_size: int = 1 << 29,
+    ) -> None:
         super().__init__(start_step, end_step)
         if bucket_size < 1:
             raise ValueError(f"bucket_size must be positive, got {bucket_size}")
@@ -55,7 +73,8 @@ class StatisticsSubscriber(SubscriberBase):
         if os.path.exists(mine):
             if not override_output_dir:
                 raise FileExistsError(
-                    f"statistics output folder '{mine}' exists; pass override_output_dir=True to replace it")
+                    f"statistics output folder '{mine}' exists; pass override_output_dir=True to replace it"
+                )
             shutil.rmtree(mine)
         try:
             os.makedirs(mine)
@@ -71,8 +90,9 @@ class StatisticsSubscriber(SubscriberBase):
         self._open: dict[str, tuple[Any, Any]] = {}
         _active.append(self)
 
-    def post_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
-                                       tensor: torch.Tensor) -> torch.Tensor:
+    def post_forward_tensor_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, tensor_index: int, tensor: torch.Tensor
+    ) -> torch.Tensor:
         name = f"{type(module).__name__}_{ctx.module_index}_{tensor_index}th_output"
         path = ctx.module_name or type(module).__name__
         self.dump(ctx.step, f"{name}_forward", tensor, path)
@@ -81,18 +101,26 @@ class StatisticsSubscriber(SubscriberBase):
             tensor.register_hook(lambda g: self.dump(step, f"{name}_backward", g, path))
         return tensor
 
-    def post_forward_module_apply_impl(self, ctx: RunContext, module: torch.nn.Module, args: Any,
-                                       outputs: Any) -> tuple[Any, Any]:
+    def post_forward_module_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, args: Any, outputs: Any
+    ) -> tuple[Any, Any]:
         for k, leaf in enumerate(pytree.tree_leaves(outputs)):
             if leaf is not None and not isinstance(leaf, torch.Tensor):
-                log_once("DEVINFO", f"statistics: output {k} of module '{ctx.module_name or type(module).__name__}' "
-                                    f"is a {type(leaf).__name__}, not a tensor; skipped",
-                         key=("stats-non-tensor", id(self), ctx.module_name, k))
+                log_once(
+                    "DEVINFO",
+                    f"statistics: output {k} of module '{ctx.module_name or type(module).__name__}' "
+                    f"is a {type(leaf).__name__}, not a tensor; skipped",
+                    key=("stats-non-tensor", id(self), ctx.module_name, k),
+                )
         return args, outputs
 
     def dump(self, step: int, name: str, tensor: torch.Tensor, module_path: str = "") -> None:
         if not isinstance(tensor, torch.Tensor):
-            log_once("DEVINFO", f"statistics: '{name}' is not a tensor; skipped", key=("stats-skip", name))
+            log_once(
+                "DEVINFO",
+                f"statistics: '{name}' is not a tensor; skipped",
+                key=("stats-skip", name),
+            )
             return
         data = tensor.detach()
         if data.device.type != "cpu":
@@ -102,8 +130,13 @@ class StatisticsSubscriber(SubscriberBase):
         stats = _C.tensor_stats(data, self.bucket_size, 128, name)
         folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
         encoded, where = name.encode(), module_path.encode()
-        record = (struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(where)) + where +
-                  struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)))
+        record = (
+            struct.pack("<I", len(encoded))
+            + encoded
+            + struct.pack("<I", len(where))
+            + where
+            + struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS))
+        )
         with self._lock:
             order, sidecar = self._step_files(folder)
             with open(os.path.join(folder, name), "w") as f:
@@ -120,7 +153,10 @@ class StatisticsSubscriber(SubscriberBase):
         files = self._open.get(folder)
         if files is None:
             os.makedirs(folder, exist_ok=True)
-            files = (open(os.path.join(folder, "order.txt"), "a"), open(os.path.join(folder, "statistics.bin"), "ab"))
+            files = (
+                open(os.path.join(folder, "order.txt"), "a"),
+                open(os.path.join(folder, "statistics.bin"), "ab"),
+            )
             self._open[folder] = files
             while len(self._open) > 3:
                 for f in self._open.pop(next(iter(self._open))):
@@ -137,10 +173,10 @@ def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
     try:
         while at < len(data):
             (n,) = struct.unpack_from("<I", data, at)
-            name = data[at + 4:at + 4 + n].decode()
+            name = data[at + 4 : at + 4 + n].decode()
             at += 4 + n
             (m,) = struct.unpack_from("<I", data, at)
-            module = data[at + 4:at + 4 + m].decode()
+            module = data[at + 4 : at + 4 + m].decode()
             at += 4 + m
             values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at)
             out[name] = {"module": module, **dict(zip(SIDECAR_FIELDS, values))}
@@ -151,8 +187,10 @@ def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _no_subscriber(name: str) -> RuntimeError:
-    return RuntimeError(f"inspect_activation('{name}'): no StatisticsSubscriber is subscribed; subscribe one "
-                        "with GlobalSubscriberManager.subscribe(model, [StatisticsSubscriber(...)]) first")
+    return RuntimeError(
+        f"inspect_activation('{name}'): no StatisticsSubscriber is subscribed; subscribe one "
+        "with GlobalSubscriberManager.subscribe(model, [StatisticsSubscriber(...)]) first"
+    )
 
 
 def _inspect(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -184,4 +222,6 @@ def inspect_activation(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return _inspect(name, tensor)
 
 
-_callbacks.register_hook_kind("inspect", lambda kind, name, run, value, passive: _inspect(name, value))
+_callbacks.register_hook_kind(
+    "inspect", lambda kind, name, run, value, passive: _inspect(name, value)
+)

@@ -57,33 +57,42 @@ class SubscriberBase:
 
     def __init__(self, start_step: int | None = None, end_step: int | None = None) -> None:
         if start_step is not None and end_step is not None and end_step <= start_step:
-            raise ValueError(f"end_step ({end_step}) must be greater than start_step ({start_step})")
+            raise ValueError(
+                f"end_step ({end_step}) must be greater than start_step ({start_step})"
+            )
         self.start_step = start_step
         self.end_step = end_step
 
     def active(self, step: int) -> bool:
-        return (self.start_step is None or step >= self.start_step) and (self.end_step is None or step < self.end_step)
+        return (self.start_step is None or step >= self.start_step) and (
+            self.end_step is None or step < self.end_step
+        )
 
     # Module-level actions: may return replacements for the arguments / outputs.
-    def pre_forward_module_apply_impl(self, ctx: RunContext, module: torch.nn.Module, args: Any,
-                                      kwargs: dict) -> tuple[Any, dict]:
+    def pre_forward_module_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, args: Any, kwargs: dict
+    ) -> tuple[Any, dict]:
         return args, kwargs
 
-    def post_forward_module_apply_impl(self, ctx: RunContext, module: torch.nn.Module, args: Any,
-                                       outputs: Any) -> tuple[Any, Any]:
+    def post_forward_module_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, args: Any, outputs: Any
+    ) -> tuple[Any, Any]:
         return args, outputs
 
-    def post_forward_outmost_module_apply_impl(self, ctx: RunContext, module: torch.nn.Module, args: Any,
-                                               outputs: Any) -> tuple[Any, Any]:
+    def post_forward_outmost_module_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, args: Any, outputs: Any
+    ) -> tuple[Any, Any]:
         return args, outputs
 
     # Tensor-level actions, once per tensor among the inputs / outputs; may return another tensor.
-    def pre_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
-                                      tensor: torch.Tensor) -> torch.Tensor:
+    def pre_forward_tensor_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, tensor_index: int, tensor: torch.Tensor
+    ) -> torch.Tensor:
         return tensor
 
-    def post_forward_tensor_apply_impl(self, ctx: RunContext, module: torch.nn.Module, tensor_index: int,
-                                       tensor: torch.Tensor) -> torch.Tensor:
+    def post_forward_tensor_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, tensor_index: int, tensor: torch.Tensor
+    ) -> torch.Tensor:
         return tensor
 
 
@@ -109,7 +118,9 @@ class _Subscription:
 
 
 # module -> its subscriptions, in registration order (one pair of torch hooks per module).
-_subscriptions: weakref.WeakKeyDictionary[torch.nn.Module, list[_Subscription]] = weakref.WeakKeyDictionary()
+_subscriptions: weakref.WeakKeyDictionary[torch.nn.Module, list[_Subscription]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 _generation = 0  # counts subscribe() calls: a cached hook_signature is valid while it is unchanged
@@ -200,13 +211,17 @@ class SubscriberManager:
             if not any(e.manager is self for e in entries):
                 entries.append(_Subscription(self, (index, depth, name), name == ""))
 
-    def _pre(self, sub: _Subscription, module: torch.nn.Module, args: Any, kwargs: dict) -> tuple[Any, dict]:
+    def _pre(
+        self, sub: _Subscription, module: torch.nn.Module, args: Any, kwargs: dict
+    ) -> tuple[Any, dict]:
         ctx = RunContext(self.step, *sub.info)
         for s in self._subscribers:
             if not s.active(ctx.step):
                 continue
             args, kwargs = s.pre_forward_module_apply_impl(ctx, module, args, kwargs)
-            args = _map_tensors(args, lambda i, t, s=s: s.pre_forward_tensor_apply_impl(ctx, module, i, t))
+            args = _map_tensors(
+                args, lambda i, t, s=s: s.pre_forward_tensor_apply_impl(ctx, module, i, t)
+            )
         return args, kwargs
 
     def _post(self, sub: _Subscription, module: torch.nn.Module, args: Any, outputs: Any) -> Any:
@@ -215,7 +230,9 @@ class SubscriberManager:
             if not s.active(ctx.step):
                 continue
             args, outputs = s.post_forward_module_apply_impl(ctx, module, args, outputs)
-            outputs = _map_tensors(outputs, lambda i, t, s=s: s.post_forward_tensor_apply_impl(ctx, module, i, t))
+            outputs = _map_tensors(
+                outputs, lambda i, t, s=s: s.post_forward_tensor_apply_impl(ctx, module, i, t)
+            )
             if sub.outermost:
                 args, outputs = s.post_forward_outmost_module_apply_impl(ctx, module, args, outputs)
         if sub.outermost:
