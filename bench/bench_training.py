@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
+from configs import CONFIGS, describe_models, example_kwargs, hf_inputs, hf_model  # noqa: E402
 from machine import median_ms, rss_kib  # noqa: E402
 
 
@@ -36,8 +36,11 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
     from models import TRAINING_INPUT_NAMES, training_inputs, training_model
 
     torch.set_num_threads(threads)
-    kw = example_kwargs(model)
-    batches = [training_inputs(model, seed=s, **kw) for s in range(4)]
+    hf = CONFIGS[model].get("hf", False)
+    if hf:
+        batches = [hf_inputs(model, seed=s) for s in range(4)]
+    else:
+        batches = [training_inputs(model, seed=s, **example_kwargs(model)) for s in range(4)]
     base = rss_kib("VmRSS")
     if runner == "TrainingSession":
         import graphtrain.engine as ge
@@ -51,7 +54,7 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
             ts.optimizer_step()
             return loss
     else:
-        net = training_model(model, **CONFIGS[model]["sizes"])
+        net = hf_model(model) if hf else training_model(model, **CONFIGS[model]["sizes"])
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
         if runner == "torch.compile":
             fn = torch.compile(net)
@@ -64,7 +67,8 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
 
         def step(i: int) -> float:
             opt.zero_grad()
-            loss = fn(*batches[i % len(batches)])
+            batch = batches[i % len(batches)]
+            loss = fn(**batch).loss if hf else fn(*batch)
             loss.backward()
             opt.step()
             return loss.item()
@@ -87,6 +91,9 @@ def main() -> int:
     parser.add_argument(
         "--no-compile", action="store_true", help="skip torch.compile (slow to compile)"
     )
+    parser.add_argument(
+        "--models", nargs="*", default=list(CONFIGS), help="models to run (default: all)"
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -104,12 +111,16 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         cache = os.path.join(d, "cache")
-        for model, cfg in CONFIGS.items():
+        for model in args.models:
+            cfg = CONFIGS[model]
             path = os.path.join(d, f"{model}.onnx")
-            export_training(model, path, example=example_kwargs(model), **cfg["sizes"])
+            if not cfg.get("hf"):  # TrainingSession trains the model's ONNX export
+                export_training(model, path, example=example_kwargs(model), **cfg["sizes"])
             for threads in (1, 2):
                 result = {}
                 for runner in runners:
+                    if runner == "TrainingSession" and cfg.get("hf"):
+                        continue
                     env = dict(
                         os.environ,
                         GRAPHTRAIN_NUM_THREADS=str(threads),
@@ -166,6 +177,8 @@ def main() -> int:
     for model, threads, result in rows:
         g = result["GraphModule"]
         for r in runners:
+            if r not in result:
+                continue
             res = result.get(r)
             if not res:
                 lines.append(f"| {model} | {threads} | {r} | failed | | | |")
@@ -175,7 +188,7 @@ def main() -> int:
                 f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
                 f"{res['peak_mib']:.1f} |"
             )
-    lines += ["", describe_models(), ""]
+    lines += ["", describe_models(args.models), ""]
     write_results("training_step.md", lines)
     return 0
 
