@@ -62,6 +62,12 @@ class _Flat(torch.nn.Module):
         self._record = record  # receives the output's structure while tracing
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # Where each symbolic size lives among the inputs: (tensor input, dim).
+        self._input_dims: dict[str, list[int]] = {}
+        for i, t in enumerate(tensors):
+            for d, size in enumerate(t.shape):
+                if isinstance(size, torch.SymInt):
+                    self._input_dims.setdefault(str(size.node.expr), [i, d])
         it = iter(tensors)
         leaves = [next(it) if x is TENSOR else x for x in self._leaves]
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
@@ -104,7 +110,7 @@ class _Flat(torch.nn.Module):
                 "register_pytree_node) or return tensors."
             ) from e
         tensors.extend(mine)
-        return ObjectLeaf(encoded, len(mine))
+        return ObjectLeaf(encoded, len(mine), self._input_dims)
 
 
 def _user_frame(node: torch.fx.Node) -> str:

@@ -3,6 +3,7 @@ attributes of captured graphs survive the on-disk cache (a leaf module: no graph
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -30,15 +31,34 @@ _MEMORY_FORMATS = {
 class ObjectLeaf:
     """An output leaf that is an object holding tensors (a transformers DynamicCache, say): its
     class and attributes as JSON, its tensors taken out in order. At run time a new object of the
-    class is built around the tensors of that call (never the object built while tracing)."""
+    class is built around the tensors of that call (never the object built while tracing). An
+    attribute that is a size computed from the inputs (a cache's sequence length) is kept as its
+    expression over the inputs' dims; `dims` maps each symbol to (tensor input, dim)."""
 
-    def __init__(self, encoded: dict, num_tensors: int) -> None:
+    def __init__(
+        self, encoded: dict, num_tensors: int, dims: dict[str, list[int]] | None = None
+    ) -> None:
         self.encoded = encoded
         self.num_tensors = num_tensors
+        self.dims = dims or {}
 
-    def rebuild(self, tensors: Any) -> Any:
-        """A new object with the next `num_tensors` tensors of the iterator `tensors`."""
-        return _object_from_json(self.encoded, tensors)
+    def rebuild(self, tensors: Any, inputs: list[torch.Tensor]) -> Any:
+        """A new object with the next `num_tensors` tensors of the iterator `tensors`; sizes are
+        evaluated on this call's tensor `inputs`."""
+        sizes = {sym: inputs[i].shape[d] for sym, (i, d) in self.dims.items()}
+        return _object_from_json(self.encoded, tensors, sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def _expression(text: str) -> Any:
+    import sympy
+
+    return sympy.sympify(text)
+
+
+def _size(text: str, sizes: dict[str, int]) -> int:
+    expr = _expression(text)
+    return int(expr.subs({s: sizes[str(s)] for s in expr.free_symbols}))
 
 
 _MAX_OBJECT_DEPTH = 8
@@ -56,11 +76,15 @@ def object_to_json(x: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
         kind = "__tuple__" if isinstance(x, tuple) else "__list__"
         return {kind: [object_to_json(i, tensors, depth + 1) for i in x]}
     if type(x) is dict:
-        if not all(isinstance(k, str) for k in x):
-            raise TypeError("a dict with keys that are not strings")
-        return {"__dict__": {k: object_to_json(v, tensors, depth + 1) for k, v in x.items()}}
+        if not all(k is None or isinstance(k, (str, int, float, bool)) for k in x):
+            raise TypeError("a dict with keys that are not numbers or strings")
+        return {"__dict__": [[k, object_to_json(v, tensors, depth + 1)] for k, v in x.items()]}
     if isinstance(x, type):
         return {"__class__": f"{x.__module__}:{x.__qualname__}"}
+    if isinstance(x, torch.SymInt):
+        return {"__size__": str(x.node.expr)}
+    if type(x).__module__.startswith("sympy"):
+        return {"__size__": str(x)}
     try:
         return leaf_to_json(x)
     except TypeError:
@@ -80,21 +104,24 @@ def _import(qualified: str) -> Any:
     return obj
 
 
-def _object_from_json(x: Any, tensors: Any) -> Any:
+def _object_from_json(x: Any, tensors: Any, sizes: dict[str, int]) -> Any:
     if isinstance(x, dict):
         if "__tensor__" in x:
             return next(tensors)
+        if "__size__" in x:
+            return _size(x["__size__"], sizes)
         if "__tuple__" in x:
-            return tuple(_object_from_json(i, tensors) for i in x["__tuple__"])
+            return tuple(_object_from_json(i, tensors, sizes) for i in x["__tuple__"])
         if "__list__" in x:
-            return [_object_from_json(i, tensors) for i in x["__list__"]]
+            return [_object_from_json(i, tensors, sizes) for i in x["__list__"]]
         if "__dict__" in x:
-            return {k: _object_from_json(v, tensors) for k, v in x["__dict__"].items()}
+            return {k: _object_from_json(v, tensors, sizes) for k, v in x["__dict__"]}
         if "__class__" in x:
             return _import(x["__class__"])
         if "__object__" in x:
             obj = object.__new__(_import(x["__object__"]))
-            obj.__dict__.update({k: _object_from_json(v, tensors) for k, v in x["attrs"].items()})
+            attrs = x["attrs"].items()
+            obj.__dict__.update({k: _object_from_json(v, tensors, sizes) for k, v in attrs})
             return obj
     return leaf_from_json(x)
 
@@ -104,7 +131,7 @@ def leaf_to_json(x: Any) -> Any:
     if x is TENSOR:
         return {"__tensor__": 1}
     if isinstance(x, ObjectLeaf):
-        return {"__object_leaf__": x.encoded, "n": x.num_tensors}
+        return {"__object_leaf__": x.encoded, "n": x.num_tensors, "dims": x.dims}
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     if isinstance(x, (tuple, list)):
@@ -127,7 +154,7 @@ def leaf_from_json(x: Any) -> Any:
         if "__tensor__" in x:
             return TENSOR
         if "__object_leaf__" in x:
-            return ObjectLeaf(x["__object_leaf__"], x["n"])
+            return ObjectLeaf(x["__object_leaf__"], x["n"], x.get("dims"))
         if "__tuple__" in x:
             return tuple(leaf_from_json(i) for i in x["__tuple__"])
         if "__list__" in x:

@@ -233,7 +233,11 @@ class GraphModule(torch.nn.Module):
             outs = res[: runner.n_out]
         it = iter(outs)
         leaves = [
-            next(it) if x is TENSOR else x.rebuild(it) if isinstance(x, ObjectLeaf) else x
+            next(it)
+            if x is TENSOR
+            else x.rebuild(it, tensors_in)
+            if isinstance(x, ObjectLeaf)
+            else x
             for x in runner.captured.out_leaves
         ]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)

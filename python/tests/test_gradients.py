@@ -216,6 +216,21 @@ CASES = [
         domain="graphtrain",
         const=("m",),
     ),
+    # a learned bias added to the scores (T5's relative positions) gets its gradient too
+    Case(
+        "Attention",
+        {
+            "q": randn(2, 2, 12, 8),
+            "k": randn(2, 2, 12, 8),
+            "v": randn(2, 2, 12, 8),
+            "m": randn(1, 2, 12, 12),
+        },
+        ["q", "k", "v", "m"],
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        n_out=3,
+        out_types=[TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.INT64],
+        domain="graphtrain",
+    ),
     Case("Softmax", {"x": randn(3, 5)}, ["x"], lambda x: torch.softmax(x, -1), {"axis": -1}),
     Case("Softmax", {"x": randn(3, 5, 2)}, ["x"], lambda x: torch.softmax(x, 1), {"axis": 1}),
     Case("LogSoftmax", {"x": randn(3, 5)}, ["x"], lambda x: torch.log_softmax(x, -1), {"axis": -1}),

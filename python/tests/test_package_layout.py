@@ -21,12 +21,18 @@ def _imports(path: Path) -> set[str]:
     """graphtrain modules imported at module level (imports inside functions are deferred on
     purpose and do not make a cycle at import time; TYPE_CHECKING blocks never run)."""
     tree = ast.parse(path.read_text())
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    package = (
+        _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    )
     found: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
-        for sub in ast.walk(node) if isinstance(node, (ast.Import, ast.ImportFrom, ast.If, ast.Try)) else []:
+        for sub in (
+            ast.walk(node)
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.If, ast.Try))
+            else []
+        ):
             if isinstance(sub, ast.ImportFrom) and sub.level:
                 base = package.split(".")
                 base = base[: len(base) - (sub.level - 1)]
@@ -45,7 +51,9 @@ def test_no_import_cycle():
     graph = {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
     # A package's __init__ importing its own submodules is how packages work, not a cycle.
     for m in graph:
-        graph[m] = {i for i in graph[m] if not (modules[m].name == "__init__.py" and i.startswith(m + "."))}
+        graph[m] = {
+            i for i in graph[m] if not (modules[m].name == "__init__.py" and i.startswith(m + "."))
+        }
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -74,5 +82,7 @@ def test_every_op_a_translator_emits_has_a_kernel():
         for match in re.finditer(r'\.emit\(\s*"([A-Z][A-Za-z]*)"', path.read_text()):
             emitted.add(match.group(1))
     assert len(emitted) > 40
-    missing = sorted(op for op in emitted if op not in supported and f"graphtrain::{op}" not in supported)
+    missing = sorted(
+        op for op in emitted if op not in supported and f"graphtrain::{op}" not in supported
+    )
     assert not missing, f"translators emit ops without a kernel: {missing}"

@@ -28,9 +28,17 @@ void attention(InferenceContext& ctx) {
 
 const bool registered = [] {
   register_shape_inferer(GT, "Attention", attention);
-  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV)
+  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk])
   register_shape_inferer(GT, "AttentionGrad", [](InferenceContext& ctx) {
     for (size_t i = 0; i < 3; ++i) infer_like_input(ctx, i, i + 1);
+    if (ctx.num_outputs() < 4) return;
+    const SymShape* q = ctx.input_shape(1);
+    const SymShape* k = ctx.input_shape(2);
+    if (!q || !k || q->size() < 2 || k->size() < 2)
+      return ctx.set_output(3, DType::kFloat32, std::nullopt);
+    SymShape m = *q;
+    m.back() = (*k)[k->size() - 2];
+    ctx.set_output(3, DType::kFloat32, m);
   });
   return true;
 }();

@@ -244,9 +244,9 @@ class AttentionKernel : public OpKernel {
   uint64_t calls_ = 0;
 };
 
-// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV). One task per (batch, key/value
-// head): it owns dK and dV of that head and dQ of the query heads reading it, so no two tasks
-// write one element and every sum runs in a fixed order.
+// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV, dMask?). One task per (batch,
+// key/value head): it owns dK and dV of that head and dQ of the query heads reading it, so no two
+// tasks write one element and every sum runs in a fixed order.
 void attention_grad(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& q = ctx.input(1);
@@ -263,6 +263,15 @@ void attention_grad(KernelContext& ctx) {
   std::memset(dq.raw_data(), 0, dq.nbytes());
   std::memset(dk.raw_data(), 0, dk.nbytes());
   std::memset(dv.raw_data(), 0, dv.nbytes());
+  // dMask (only when a float mask wants a gradient): the score gradients, [..., Hq, Lq, Lk].
+  float* pdm = nullptr;
+  if (ctx.output_requested(3)) {
+    Shape ms(q.shape().begin(), q.shape().end() - 1);
+    ms.push_back(g.lk);
+    Tensor& dm = ctx.allocate_output(3, F32, ms);
+    std::memset(dm.raw_data(), 0, dm.nbytes());
+    pdm = dm.data<float>();
+  }
   const float *pq = q.data<float>(), *pk = k.data<float>(), *pv = v.data<float>();
   const float *pdy = dy.data<float>(), *py = y.data<float>(), *pl = lse.data<float>();
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
@@ -329,6 +338,8 @@ void attention_grad(KernelContext& ctx) {
                            const float* pr = p.data() + r * nk;
                            float dr = d[static_cast<size_t>(r)];
                            for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
+                           if (pdm)
+                             std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
                          }
                          sgemm_serial(false, false, nq, g.e, nk, g.scale, dp.data(), nk,
                                       kp + k0 * g.e, g.e, 1.0f, dqp + q0 * g.e, g.e);
