@@ -55,11 +55,11 @@ def axis(a: int, r: int) -> int:
 def _binary(onnx_op: str) -> Callable:
     def translate(n: torch.fx.Node, t: Translator) -> str:
         a, b = n.args[0], n.args[1]
-        like = a if isinstance(a, torch.fx.Node) else b
-        x, y = t.operand(a, like), t.operand(b, like)
+        dtype = val(n).dtype  # torch's promotion of the operands: compute in the result's type
+        x, y = t.promoted(a, b, dtype)
         alpha = n.kwargs.get("alpha", 1)
         if alpha != 1:
-            y = t.emit("Mul", [y, t.scalar(alpha, like)])
+            y = t.emit("Mul", [y, t.const(np.array(alpha, dtype=t.np_dtype(dtype)))])
         return t.emit(onnx_op, [x, y])
 
     return translate
@@ -86,7 +86,8 @@ def _div(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.rsub.Scalar, aten.rsub.Tensor)
 def _rsub(n: torch.fx.Node, t: Translator) -> str:
     a, b = n.args[0], n.args[1]
-    return t.emit("Sub", [t.operand(b, a), t.operand(a, a)])
+    x, y = t.promoted(b, a, val(n).dtype)
+    return t.emit("Sub", [x, y])
 
 
 def _unary(onnx_op: str, domain: str = "") -> Callable:
@@ -143,9 +144,20 @@ def _leaky_relu(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("LeakyRelu", [t.value(n.args[0])], alpha=float(slope))
 
 
-@op(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor)
+@op(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def _pow(n: torch.fx.Node, t: Translator) -> str:
-    return t.emit("Pow", [t.value(n.args[0]), t.operand(n.args[1], n.args[0])])
+    dtype = val(n).dtype
+    if not dtype.is_floating_point:
+        t.unsupported(n, "integer powers")
+    base, exponent = n.args[0], n.args[1]
+    if (
+        isinstance(exponent, (int, float))
+        and float(exponent).is_integer()
+        and not isinstance(exponent, bool)
+    ):
+        x, _ = t.promoted(base, 0.0, dtype)  # x ** 2: a float exponent keeps the kernel's fast path
+        return t.emit("Pow", [x, t.const(np.array(exponent, np.float32))])
+    return t.emit("Pow", t.promoted(base, exponent, dtype))
 
 
 @op(aten.square.default)
@@ -156,9 +168,7 @@ def _square(n: torch.fx.Node, t: Translator) -> str:
 
 def _compare(onnx_op: str, negate: bool = False) -> Callable:
     def translate(n: torch.fx.Node, t: Translator) -> str:
-        a, b = n.args
-        like = a if isinstance(a, torch.fx.Node) else b
-        out = t.emit(onnx_op, [t.operand(a, like), t.operand(b, like)])
+        out = t.emit(onnx_op, t.promoted(*n.args))
         return t.emit("Not", [out]) if negate else out
 
     return translate
@@ -240,6 +250,20 @@ def _hard(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Mul", [t.value(x), gate])
 
 
+@op(aten.cumsum.default)
+def _cumsum(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    dtype = n.kwargs.get("dtype") or val(n).dtype
+    xv = (
+        t.value(x)
+        if val(x).dtype == dtype
+        else t.emit("Cast", [t.value(x)], to=t.onnx_dtype(dtype))
+    )
+    if dtype not in (torch.float32, torch.int64, torch.int32):
+        t.unsupported(n, f"cumsum in {dtype}")
+    return t.emit("CumSum", [xv, t.ints([axis(n.args[1], rank(x))])])
+
+
 @op(aten.diff.default)
 def _diff(n: torch.fx.Node, t: Translator) -> str:
     x = n.args[0]
@@ -263,8 +287,7 @@ def _not(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf)
 def _where(n: torch.fx.Node, t: Translator) -> str:
     c, x, y = n.args
-    like = x if isinstance(x, torch.fx.Node) else y
-    return t.emit("Where", [t.value(c), t.operand(x, like), t.operand(y, like)])
+    return t.emit("Where", [t.value(c), *t.promoted(x, y, val(n).dtype)])
 
 
 @op(
@@ -315,6 +338,44 @@ def _addmm(n: torch.fx.Node, t: Translator) -> str:
 
 
 # ---- shapes and data movement ------------------------------------------------------------------
+
+
+@op(aten.numpy_T.default)
+def _numpy_t(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Transpose", [t.value(n.args[0])], perm=list(reversed(range(rank(n.args[0])))))
+
+
+@op(aten.repeat.default)
+def _repeat(n: torch.fx.Node, t: Translator) -> str:
+    """x.repeat(r0, r1, ...): each dim d_i becomes r_i copies, [r0 * d0, r1 * d1, ...], as
+    Unsqueeze -> Expand to [r0, d0, r1, d1, ...] -> Reshape (gradients through their rules)."""
+    x, repeats = n.args[0], list(n.args[1])
+    r = len(repeats)
+    xv = t.value(x)
+    if r > rank(x):  # leading new dims
+        xv = t.emit(
+            "Reshape",
+            [xv, t.emit("Concat", [t.ints([1] * (r - rank(x))), t.emit("Shape", [xv])], axis=0)],
+        )
+    spread = t.emit("Unsqueeze", [xv, t.ints(list(range(0, 2 * r, 2)))])
+    expanded = t.emit("Expand", [spread, t.shape_vector([v for k in repeats for v in (k, 1)])])
+    target = t.emit("Mul", [t.emit("Shape", [xv]), t.shape_vector(repeats)])
+    return t.emit("Reshape", [expanded, target])
+
+
+@op(aten.baddbmm.default, aten.addbmm.default, aten.addmv.default)
+def _baddbmm(n: torch.fx.Node, t: Translator) -> str:
+    inp, b1, b2 = n.args[:3]
+    beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+    prod = t.emit("MatMul", [t.value(b1), t.value(b2)])
+    if n.target == aten.addbmm.default:
+        prod = t.emit("ReduceSum", [prod, t.ints([0])], keepdims=0)
+    if alpha != 1:
+        prod = t.emit("Mul", [prod, t.scalar(alpha, b1)])
+    if beta == 0:
+        return prod
+    base = t.value(inp) if beta == 1 else t.emit("Mul", [t.value(inp), t.scalar(beta, inp)])
+    return t.emit("Add", [base, prod])
 
 
 @op(aten.t.default)
@@ -605,13 +666,11 @@ def _pad(n: torch.fx.Node, t: Translator) -> str:
         )
     )
     r = rank(x)
-    if any(not isinstance(p, int) for p in pads):
-        t.unsupported(n, "padding by sizes that change between calls")
     # torch lists (begin, end) pairs from the last dim backwards; ONNX all begins, then all ends.
     begins, ends = [0] * r, [0] * r
     for k in range(len(pads) // 2):
         begins[r - 1 - k], ends[r - 1 - k] = pads[2 * k], pads[2 * k + 1]
-    inputs = [t.value(x), t.ints(begins + ends)]
+    inputs = [t.value(x), t.shape_vector(begins + ends)]  # sizes may be computed from the inputs
     if value:
         inputs.append(t.scalar(value, x))
     return t.emit("Pad", inputs, mode="constant")
@@ -745,7 +804,9 @@ def _attention(n: torch.fx.Node, t: Translator) -> list[str] | str:
         t.unsupported(n, "attention on other than float32 tensors")
     if mask is not None and val(mask).dtype not in (torch.bool, torch.float32):
         t.unsupported(n, f"an attention mask of type {val(mask).dtype}")
-    if val(q).shape[-3:-2] != val(k).shape[-3:-2] and not a.get("enable_gqa", False):
+    hq, hk = val(q).shape[-3:-2], val(k).shape[-3:-2]
+    if hq != hk and not a.get("enable_gqa", False) and tuple(hk) != (1,):
+        # (one key/value head broadcast over the query heads is multi-query attention: it fits)
         t.unsupported(n, "attention with different query and key/value heads without enable_gqa")
     inputs = [t.value(q), t.value(k), t.value(v)] + ([t.value(mask)] if mask is not None else [])
     attrs = {"causal": int(bool(a.get("is_causal", False)))}
@@ -790,6 +851,22 @@ def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
     )
 
 
+@op(aten.native_dropout.default)
+def _native_dropout(n: torch.fx.Node, t: Translator) -> list[str]:
+    """A functionalized graph's dropout: (output, mask)."""
+    x, p, train = n.args[0], float(n.args[1]), n.args[2]
+    if train is False or p == 0.0:
+        out = t.emit("Identity", [t.value(x)])
+        ones = t.emit(
+            "ConstantOfShape",
+            [t.emit("Shape", [out])],
+            value=t.tensor_attr(t.const(np.array([True]))),
+        )
+        return [out, ones]
+    ratio = t.const(np.array(p, np.float32))
+    return t.emit("Dropout", [t.value(x), ratio, t.const(np.array(True))], n_out=2)
+
+
 @op(aten.dropout.default, aten.dropout_.default)
 def _dropout(n: torch.fx.Node, t: Translator) -> str:
     x, p, train = n.args[0], float(n.args[1]), bool(n.args[2])
@@ -818,6 +895,59 @@ def _rms_norm(n: torch.fx.Node, t: Translator) -> str:
         "Mul", [xv, t.emit("Reciprocal", [t.emit("Sqrt", [t.emit("Add", [ms, t.scalar(eps, x)])])])]
     )
     return t.emit("Mul", [out, t.value(weight)]) if weight is not None else out
+
+
+@op(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_functional(n: torch.fx.Node, t: Translator) -> list[str | None]:
+    """A functionalized graph's training batch norm: (y, -, -, new running mean, new running var);
+    the graph returns the new statistics as buffer updates."""
+    x, w, b, mean, var, training, momentum, eps = n.args[:8]
+    if not training:
+        return [
+            _batch_norm_nodes(t, n, x, w, b, mean, var, False, momentum, eps),
+            None,
+            None,
+            None,
+            None,
+        ]
+    y, new_mean, new_var = _batch_norm_nodes(t, n, x, w, b, mean, var, True, momentum, eps)
+    return [y, None, None, new_mean, new_var]
+
+
+@op(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_eval(n: torch.fx.Node, t: Translator) -> list[str | None]:
+    x, w, b, mean, var, momentum, eps = n.args[:7]
+    return [_batch_norm_nodes(t, n, x, w, b, mean, var, False, momentum, eps), None, None]
+
+
+def _batch_norm_nodes(
+    t: Translator,
+    n: torch.fx.Node,
+    x: Any,
+    w: Any,
+    b: Any,
+    mean: Any,
+    var: Any,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Any:
+    c = val(x).shape[1]
+    w_name = t.value(w) if w is not None else t.const(np.ones(c, np.float32))
+    b_name = t.value(b) if b is not None else t.const(np.zeros(c, np.float32))
+    if mean is None or var is None:
+        t.unsupported(n, "batch norm without running statistics")
+    inputs = [t.value(x), w_name, b_name, t.value(mean), t.value(var)]
+    if not training:
+        return t.emit("BatchNormalization", inputs, epsilon=float(eps))
+    return t.emit(
+        "BatchNormalization",
+        inputs,
+        n_out=3,
+        domain=GT,
+        epsilon=float(eps),
+        momentum=float(momentum),
+    )
 
 
 @op(aten.batch_norm.default)
@@ -914,6 +1044,13 @@ def _avg_pool(n: torch.fx.Node, t: Translator) -> str:
     )
 
 
+@op(aten.adaptive_avg_pool1d.default)
+def _adaptive_avg_pool1d(n: torch.fx.Node, t: Translator) -> str:
+    if _pair(n.args[1], 1) != [1]:
+        t.unsupported(n, "adaptive_avg_pool1d to other than 1")
+    return t.emit("ReduceMean", [t.value(n.args[0]), t.ints([-1])], keepdims=1)
+
+
 @op(aten.adaptive_avg_pool2d.default)
 def _adaptive_avg_pool(n: torch.fx.Node, t: Translator) -> str:
     size = _pair(n.args[1], 2)
@@ -944,6 +1081,9 @@ op(operator.mul)(_sym_binary("Mul"))
 op(operator.add)(_sym_binary("Add"))
 op(operator.sub)(_sym_binary("Sub"))
 op(operator.floordiv)(_sym_binary("Div"))
+op(operator.mod)(_sym_binary("Mod"))
+op(torch.sym_min)(_sym_binary("Min"))
+op(torch.sym_max)(_sym_binary("Max"))
 
 # Checks torch.export inserts; nothing to compute.
 SKIPPED = {

@@ -208,6 +208,29 @@ class Translator:
             return self.emit("Squeeze", [self.value(x), self.ints([0])])
         return self.scalar(x, like)
 
+    def promoted(self, a: Any, b: Any, dtype: torch.dtype | None = None) -> list[str]:
+        """Two operands (tensor nodes, SymInt nodes or Python numbers) in one dtype: `dtype`, else
+        torch's type promotion of the pair (an int64 tensor times 0.5 computes in float32)."""
+
+        def meta(x: Any) -> Any:
+            v = _aten.val(x) if isinstance(x, torch.fx.Node) else x
+            return 0 if isinstance(v, (torch.SymInt, torch.SymBool)) else v
+
+        if dtype is None:
+            dtype = torch.result_type(meta(a), meta(b))
+        out = []
+        for x in (a, b):
+            if isinstance(x, torch.fx.Node):
+                v = _aten.val(x)
+                name = self.operand(x, x)
+                have = v.dtype if isinstance(v, torch.Tensor) else torch.int64
+                if have != dtype:
+                    name = self.emit("Cast", [name], to=self.onnx_dtype(dtype))
+                out.append(name)
+            else:
+                out.append(self.const(np.array(x, dtype=self.np_dtype(dtype))))
+        return out
+
     def ints(self, values: list[int]) -> str:
         return self.const(np.array(list(values), np.int64))
 
@@ -399,7 +422,7 @@ def export_module(
     )
     record: dict = {}
     wrapper = _Flat(module, spec, leaves, record)
-    dims = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())} for t in tensors)
+    dims = tuple({i: torch.export.Dim.AUTO for i in dynamic_dims(t)} for t in tensors)
     with ExitStack() as stack:
         stack.enter_context(capture_output("graph capture (torch.export)"))
         for make in contexts:
@@ -412,6 +435,15 @@ def export_module(
             # tensor: functionalization rewrites it into slice_scatter and the like.
             ep = ep.run_decompositions({})
     return ep, record
+
+
+def dynamic_dims(t: torch.Tensor) -> range:
+    """The dims a capture keeps symbolic. All of them (batch, sequence, features), except for
+    images and feature maps (floating tensors of rank 4 or more: batch, channels, height, width),
+    where only the batch is: their sizes rarely change in training, and symbolic spatial sizes
+    make torch.export's shape reasoning very slow on windowed vision models (minutes for a Swin).
+    A new image size captures a new graph."""
+    return range(1) if t.dim() >= 4 and t.is_floating_point() else range(t.dim())
 
 
 def _writes_into_a_view(ep: Any) -> bool:

@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from . import _C, _cache, _fallback, custom_function
 from ._callbacks import CallbackRun, recording
-from ._capture import Captured, capture
+from ._capture import Captured, capture, dynamic_dims
 from ._options import options
 from ._structure import TENSOR, ObjectLeaf
 from .debug_options import DebugOptions
@@ -153,7 +153,8 @@ def _changing_arguments(old: Any, new: Any, args: Any, kwargs: Any) -> list[str]
 
 def _describe(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
-        return ("tensor", leaf.dtype, leaf.dim(), leaf.requires_grad, leaf.device.type)
+        static = tuple(leaf.shape[d] for d in range(leaf.dim()) if d not in dynamic_dims(leaf))
+        return ("tensor", leaf.dtype, leaf.dim(), static, leaf.requires_grad, leaf.device.type)
     try:
         hash(leaf)
         return ("const", type(leaf).__name__, leaf)

@@ -129,12 +129,109 @@ MODELS: dict[
 }
 
 
+def _seq2seq_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    return {"input_ids": _tokens(batch, 12, gen), "labels": _tokens(batch, 7, gen)}
+
+
+def _classifier_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    ids = _tokens(batch, 12, gen)
+    mask = torch.ones(batch, 12, dtype=torch.long)
+    mask[-1, 8:] = 0
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": torch.randint(0, 3, (batch,), generator=gen),
+    }
+
+
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+# Architectures beyond the five above, each with what sets it apart: T5's learned relative position
+# bias and encoder-decoder cache, Mistral's sliding-window cache, BLOOM's ALiBi and custom GELU
+# Function, Falcon's multi-query attention, Swin's shifted windows with computed padding,
+# RoBERTa's cumsum position ids, ConvNeXt's depthwise convolutions and LayerNorm over channels.
+MORE: dict[
+    str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]
+] = {
+    "t5": (
+        lambda: tf.T5ForConditionalGeneration(
+            tf.T5Config(
+                vocab_size=VOCAB,
+                d_model=32,
+                d_kv=8,
+                d_ff=64,
+                num_layers=2,
+                num_heads=4,
+                dropout_rate=0.0,
+                decoder_start_token_id=0,
+            )
+        ),
+        _seq2seq_inputs,
+    ),
+    "mistral": (
+        lambda: tf.MistralForCausalLM(
+            tf.MistralConfig(vocab_size=VOCAB, **_SMALL, num_key_value_heads=2, sliding_window=8)
+        ),
+        llama_inputs,
+    ),
+    "bloom": (
+        lambda: tf.BloomForCausalLM(
+            tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+        ),
+        llama_inputs,
+    ),
+    "falcon": (
+        lambda: tf.FalconForCausalLM(
+            tf.FalconConfig(
+                vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4
+            )
+        ),
+        llama_inputs,
+    ),
+    "swin": (
+        lambda: tf.SwinForImageClassification(
+            tf.SwinConfig(
+                image_size=32,
+                patch_size=4,
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[2, 4],
+                window_size=4,
+                num_labels=3,
+                drop_path_rate=0.0,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        ),
+        image_inputs(32),
+    ),
+    "roberta": (
+        lambda: tf.RobertaForSequenceClassification(
+            tf.RobertaConfig(
+                vocab_size=VOCAB,
+                **_SMALL,
+                num_labels=3,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        ),
+        _classifier_inputs,
+    ),
+    "convnext": (
+        lambda: tf.ConvNextForImageClassification(
+            tf.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3)
+        ),
+        image_inputs(32),
+    ),
+}
+
+
 def build(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = MODELS[name][0]()
+    model = (MODELS.get(name) or MORE[name])[0]()
     model.train()
     return model
 
 
 def inputs(name: str, batch: int, seed: int) -> dict[str, Any]:
-    return MODELS[name][1](batch, torch.Generator().manual_seed(seed))
+    return (MODELS.get(name) or MORE[name])[1](batch, torch.Generator().manual_seed(seed))

@@ -13,7 +13,7 @@ import torch
 
 import graphtrain
 from graphtrain import GraphModule, UnsupportedModelError, _aten
-from real_models import MODELS, build, inputs
+from real_models import MODELS, MORE, build, inputs
 
 NAMES = sorted(MODELS)
 
@@ -22,7 +22,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + sorted(MORE))
 def test_step0_loss_and_every_gradient_match_eager(name):
     """Loss and every parameter gradient within rtol 1e-4. Gradients that are identically zero in
     exact arithmetic (an attention key bias: softmax ignores a constant added to every score) are
@@ -43,7 +43,8 @@ def test_step0_loss_and_every_gradient_match_eager(name):
         torch.testing.assert_close(
             grads[n], g, rtol=1e-4, atol=1e-6 * scale, msg=lambda m, n=n: f"{n}: {m}"
         )
-    assert graphtrain.explain(ref, **batch).fallback_ops == []  # every op runs natively
+    fallback = graphtrain.explain(ref, **batch).fallback_ops
+    assert fallback == [], fallback  # every op runs natively
 
 
 def _train(model: torch.nn.Module, name: str, steps: int) -> list[float]:

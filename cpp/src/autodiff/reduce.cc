@@ -42,6 +42,13 @@ void reduce_extreme(Ctx& c) {
 }
 
 const bool registered = [] {
+  // A running sum's gradient is the running sum of the gradient taken the other way.
+  register_gradient("", "CumSum", [](Ctx& c) {
+    const Node& n = c.node();
+    c.set_grad(0, c.op("CumSum", {c.output_grad(0), c.input(1)},
+                       {{"exclusive", int_attr(n.attr_int("exclusive", 0))},
+                        {"reverse", int_attr(1 - n.attr_int("reverse", 0))}}));
+  });
   register_gradient("", "ReduceSum",
                     [](Ctx& c) { c.set_grad(0, spread(c, c.output_grad(0), false)); });
   register_gradient("", "ReduceMean",

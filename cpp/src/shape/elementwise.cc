@@ -41,6 +41,13 @@ void propagate_values(InferenceContext& ctx, char op) {
         out.push_back(*q);
         break;
       }
+      case '%': {  // known only for constants
+        auto cx = x.constant(), cy = y.constant();
+        if (!cx || !cy || *cy == 0) return;
+        int64_t r = *cx % *cy;
+        out.push_back(r != 0 && ((r < 0) != (*cy < 0)) ? r + *cy : r);
+        break;
+      }
     }
   }
   ctx.set_output_values(0, std::move(out));
@@ -71,6 +78,8 @@ const bool registered = [] {
                          [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '/'); });
   register_shape_inferer("", "Pow",
                          [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });
+  register_shape_inferer("", "Mod",
+                         [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), '%'); });
   for (const char* op : {"Min", "Max"})
     register_shape_inferer("", op,
                            [](InferenceContext& ctx) { binary(ctx, ctx.input_dtype(0), 0); });

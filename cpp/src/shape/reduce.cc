@@ -50,6 +50,7 @@ void reduce(InferenceContext& ctx) {
 }
 
 const bool registered = [] {
+  register_shape_inferer("", "CumSum", [](InferenceContext& ctx) { infer_like_input(ctx); });
   for (const char* op : {"SumToShape", "ReduceGrad"})
     register_shape_inferer(GT, op,
                            [](InferenceContext& ctx) { infer_shape_from_values(ctx, 0, 1); });

@@ -135,6 +135,29 @@ struct MaxOp {
   T operator()(T x, T y) const { return x != x ? x : (y > x ? y : x); }
 };
 
+// Integer Mod (ONNX fmod=0): the result takes the divisor's sign, as Python's %.
+template <typename T>
+struct ModOp {
+  T operator()(T x, T y) const {
+    if (y == 0) return 0;
+    T r = x % y;
+    return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+  }
+};
+
+void mod_kernel(KernelContext& ctx) {
+  if (ctx.node().attr_int("fmod", 0) != 0) ctx.fail("fmod=1 is not supported");
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
+  Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
+  if (a.dtype() != b.dtype()) ctx.fail("inputs must have the same element type");
+  if (a.dtype() == I64)
+    binary_broadcast<int64_t, int64_t, int64_t>(ctx, a, b, out, ModOp<int64_t>{});
+  else
+    binary_broadcast<int32_t, int32_t, int32_t>(ctx, a, b, out, ModOp<int32_t>{});
+}
+
 template <bool kAnd>
 void logical(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
@@ -332,6 +355,7 @@ const bool registered = [] {
   register_kernel("", "Pow", {F32}, pow_kernel);
   register_kernel("", "Min", {F32, I64, I32}, binary_op<MinOp, false>);
   register_kernel("", "Max", {F32, I64, I32}, binary_op<MaxOp, false>);
+  register_kernel("", "Mod", {I64, I32}, mod_kernel);
   register_kernel("", "And", {BOOL}, logical<true>);
   register_kernel("", "Or", {BOOL}, logical<false>);
   register_kernel("", "Clip", {F32, I64, I32}, clip);

@@ -177,7 +177,53 @@ void reduce_grad(KernelContext& ctx) {
   }
 }
 
+// CumSum(x, axis) with ONNX's exclusive and reverse attributes; sums in index order along the axis.
+template <typename T>
+void cumsum_typed(KernelContext& ctx, int64_t axis) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  bool exclusive = ctx.node().attr_int("exclusive", 0) != 0;
+  bool reverse = ctx.node().attr_int("reverse", 0) != 0;
+  int64_t n = x.dim(static_cast<size_t>(axis)), inner = 1;
+  for (size_t i = static_cast<size_t>(axis) + 1; i < x.rank(); ++i) inner *= x.dim(i);
+  int64_t outer = n * inner ? x.numel() / (n * inner) : 0;
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  parallel_for(ctx, outer * inner, n, [&](int64_t lo, int64_t hi) {
+    for (int64_t line = lo; line < hi; ++line) {
+      int64_t base = (line / inner) * n * inner + line % inner;
+      T acc = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        int64_t at = base + (reverse ? n - 1 - k : k) * inner;
+        if (exclusive) {
+          py[at] = acc;
+          acc += px[at];
+        } else {
+          acc += px[at];
+          py[at] = acc;
+        }
+      }
+    }
+  });
+}
+
+void cumsum(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::vector<int64_t> a = ctx.input(1).to_int64_vector();
+  if (a.size() != 1) ctx.fail("axis must hold one value");
+  int64_t axis = axis_of(ctx, a[0], static_cast<int64_t>(x.rank()));
+  switch (x.dtype()) {
+    case DType::kFloat32:
+      return cumsum_typed<float>(ctx, axis);
+    case DType::kInt64:
+      return cumsum_typed<int64_t>(ctx, axis);
+    default:
+      return cumsum_typed<int32_t>(ctx, axis);
+  }
+}
+
 const bool registered = [] {
+  register_kernel("", "CumSum", {F32, DType::kInt64, DType::kInt32}, cumsum);
   register_kernel("", "ReduceSum", {DType::kFloat32}, reduce<Kind::kSum>);
   register_kernel("", "ReduceMean", {DType::kFloat32}, reduce<Kind::kMean>);
   register_kernel("", "ReduceMax", {DType::kFloat32}, reduce<Kind::kMax>);
