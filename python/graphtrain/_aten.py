@@ -45,6 +45,15 @@ def rank(node: Any) -> int:
     return val(node).dim()
 
 
+def writes_first_argument(node: torch.fx.Node) -> bool:
+    """An in-place ATen op (relu_, fill_, copy_, ...): it writes its first argument."""
+    if not isinstance(node.target, torch._ops.OpOverload) or not node.args:
+        return False
+    args = node.target._schema.arguments
+    info = args[0].alias_info if args else None
+    return bool(info is not None and info.is_write and isinstance(node.args[0], torch.fx.Node))
+
+
 def axis(a: int, r: int) -> int:
     return a + r if a < 0 else a
 

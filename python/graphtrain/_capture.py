@@ -360,15 +360,6 @@ _REGIONS: dict[Any, Callable] = {
 }
 
 
-def _writes_first_argument(node: torch.fx.Node) -> bool:
-    """An in-place ATen op (relu_, fill_, copy_, ...): it writes its first argument."""
-    if not isinstance(node.target, torch._ops.OpOverload) or not node.args:
-        return False
-    args = node.target._schema.arguments
-    info = args[0].alias_info if args else None
-    return bool(info is not None and info.is_write and isinstance(node.args[0], torch.fx.Node))
-
-
 def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
     """The IR value(s) of one FX node: its native translation, else (with `fallback`, for ATen ops)
     an ATenOp node that runs PyTorch's kernel."""
@@ -379,7 +370,7 @@ def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
         mark = t.mark()
         try:
             result = fn(node, t)
-            if _writes_first_argument(node) and isinstance(result, str):
+            if _aten.writes_first_argument(node) and isinstance(result, str):
                 t.mutated(node.args[0], result)  # in place: later readers see the new value
             return result
         except UnsupportedModelError as e:
@@ -448,7 +439,7 @@ def dynamic_dims(t: torch.Tensor) -> range:
 
 def _writes_into_a_view(ep: Any) -> bool:
     for node in ep.graph.nodes:
-        if not _writes_first_argument(node):
+        if not _aten.writes_first_argument(node):
             continue
         target = node.args[0]
         if target.op == "call_function" and isinstance(target.target, torch._ops.OpOverload):

@@ -4,7 +4,7 @@ node (cpp/include/graphtrain/callback.h) that calls PyTorch's own kernel on the 
 dims; its gradient (`ATenOpGrad`) is computed by torch autograd through what the forward call
 recorded, the same host-callback path as PythonOp.
 
-In-place ATen ops write into a copy of the written input; later readers see the node's output.
+An in-place ATen op writes into a copy of its first input; later readers see the node's output.
 """
 
 from __future__ import annotations
@@ -84,17 +84,7 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
         except TypeError:
             t.unsupported(node, f"an argument of type {type(x).__name__} ({x!r})")
     outs_meta = _tensor_outputs(node, t)
-    schema = target._schema
-    written = []  # positions among the tensor inputs of arguments the op writes
-    tensor_pos = 0
-    arg_flat = list(node.args) + [
-        node.kwargs.get(a.name) for a in schema.arguments[len(node.args) :]
-    ]
-    for a, x in zip(schema.arguments, arg_flat):
-        if isinstance(x, torch.fx.Node):
-            if a.alias_info is not None and a.alias_info.is_write:
-                written.append(tensor_pos)
-            tensor_pos += 1
+    in_place = _aten.writes_first_argument(node)  # it writes (a copy of) its first input
     info = json.dumps({"spec": pytree.treespec_dumps(spec), "leaves": leaves})
     attrs: dict[str, Any] = dict(
         target=target_name(target),
@@ -103,13 +93,12 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
         input_dtypes=input_dtypes,
         output_dtypes=[t.onnx_dtype(m.dtype) for m in outs_meta],
         output_shapes=[";".join(_dim(d) for d in m.shape) for m in outs_meta],
-        written_inputs=written,
+        in_place=int(in_place),
     )
     attrs = {k: v for k, v in attrs.items() if v != []}  # ONNX cannot type an empty list
     outs = t.emit("ATenOp", inputs, n_out=len(outs_meta) + 1, domain="graphtrain", **attrs)
-    tensor_args = [x for x in flat if isinstance(x, torch.fx.Node)]
-    if written and isinstance(_aten.val(node), torch.Tensor):
-        t.mutated(tensor_args[written[0]], outs[0])  # an in-place op returns what it wrote
+    if in_place and isinstance(_aten.val(node), torch.Tensor):
+        t.mutated(node.args[0], outs[0])  # an in-place op returns what it wrote
     result = outs[:-1]
     return result[0] if isinstance(_aten.val(node), torch.Tensor) else result
 
@@ -165,17 +154,18 @@ def _run_forward(attrs: dict, inputs: list[Any]) -> list[Any]:
     run = _callbacks.current_run()
     op = _resolve(attrs["target"])
     treespec, leaves = _parsed(attrs["info"])
-    written = set(attrs.get("written_inputs", []))
+    in_place = attrs.get("in_place", 0)
+    wants = attrs.get("grad_inputs", [])  # set by the gradient builder on training graphs
     bases: list[torch.Tensor | None] = []  # per input: the leaf its gradient is taken for
     with torch.enable_grad() if run.training else torch.no_grad():
         values = []
         for j, x in enumerate(inputs):
             base = x.detach()
-            grad = run.training and base.is_floating_point()
+            grad = run.training and base.is_floating_point() and j < len(wants) and wants[j]
             if grad:
                 base.requires_grad_()
             bases.append(base if grad else None)
-            values.append(base.clone() if j in written else base)
+            values.append(base.clone() if in_place and j == 0 else base)
         it = iter(values)
         args = [
             int(next(it).reshape(-1)[0]) if x is _SYMINT else next(it) if x is TENSOR else x

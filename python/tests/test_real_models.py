@@ -190,3 +190,17 @@ def test_autocast_region_is_named_in_a_clear_error():
         UnsupportedModelError, match=r"torch.autocast region \(cpu, torch.bfloat16\).*float32"
     ):
         GraphModule(Mixed())(torch.randn(2, 4))
+
+
+def test_forced_batch_norm_fallback_trains_and_updates_running_stats(monkeypatch):
+    """A fallback op with inputs that take no gradient (BatchNorm's running statistics): only the
+    inputs the gradient builder asks for are differentiated, and the statistics still update."""
+    monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.batch_norm.default)
+    ref = build("resnet")
+    gm = GraphModule(copy.deepcopy(ref))
+    ours, theirs = _train(gm, "resnet", 2), _train(ref, "resnet", 2)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+    for (name, a), b in zip(gm.module.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(
+            a, b, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )

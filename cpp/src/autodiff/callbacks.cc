@@ -43,7 +43,12 @@ const bool registered = [] {
     through_host(c, "PythonOpGrad", 0, std::move(attributes));
   });
   register_gradient(GT, "ATenOp", [](GradientContext& c) {
-    const Node& n = c.node();
+    Node& n = c.node();
+    // The forward call records a torch autograd graph only through the inputs that want a
+    // gradient (a BatchNorm's running statistics never do, and torch refuses them).
+    std::vector<int64_t> wanted;
+    for (size_t i = 0; i < n.inputs().size(); ++i) wanted.push_back(c.wants(i) ? 1 : 0);
+    n.attributes["grad_inputs"] = Attribute::of(wanted);
     through_host(c, "ATenOpGrad", 0,
                  {{"target", Attribute::of(n.attr_string("target", ""))},
                   {"input_dtypes", Attribute::of(n.attr_ints("input_dtypes"))}});
