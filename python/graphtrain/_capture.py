@@ -402,8 +402,9 @@ CaptureContext = Callable[[torch.nn.Module], AbstractContextManager]
 def export_module(
     module: torch.nn.Module, flat: list[Any], spec: Any, contexts: Sequence[CaptureContext] = ()
 ) -> tuple[Any, dict]:
-    """torch.export of the module over its flattened tensor arguments, all dims dynamic where
-    torch.export can keep them so (batch and sequence sizes do not re-capture). `contexts` are
+    """torch.export of the module over its flattened tensor arguments, the dims of `dynamic_dims`
+    symbolic where torch.export can keep them so (batch and sequence sizes do not re-capture); a
+    program that writes through views is functionalized. `contexts` are
     entered while torch.export traces (GraphModule's: subscribed module boundaries become Hook
     nodes, torch.autograd.Functions become PythonOps)."""
     leaves = [TENSOR if isinstance(x, torch.Tensor) else x for x in flat]
