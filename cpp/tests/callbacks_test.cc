@@ -8,6 +8,7 @@
 #include "graphtrain/callback.h"
 #include "graphtrain/error.h"
 #include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
 #include "graphtrain/session.h"
 
 namespace graphtrain {

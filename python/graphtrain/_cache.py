@@ -71,6 +71,8 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
         schema,
         options()["enable_custom_autograd"].value,
         options()["fallback_policy"].value,
+        options()["enable_compute_optimizer"].value,
+        options()["disable_passes"].value,
     )
     seen: set[type] = set()
     for name, sub in module.named_modules():

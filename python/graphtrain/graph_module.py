@@ -47,7 +47,6 @@ class _Runner:
         self.n_out = len(captured.outputs)
         custom_function.prepare(captured.model)  # PythonOps: their Functions and shape inferers
         model = Model.from_bytes(captured.model.SerializeToString())
-        self.infer = Session(model)
         names = [i.name for i in captured.inputs]
         self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
         self.wrt_index = [k for k, w in enumerate(wants) if w]
@@ -56,17 +55,18 @@ class _Runner:
         self.forward = self.backward = None
         if self.wrt and grad_outputs:
             fwd, bwd, info = model.gradient_graphs(grad_outputs, self.wrt, False)
+            fwd.optimize(f"{label} forward")  # the graph passes, after autodiff
+            bwd.optimize(f"{label} backward")
             self.forward, self.backward = Session(fwd), Session(bwd)
             self.grad_names = info["grads"]
             self.n_stash = len(info["stashed"])
-            if debug.save_onnx:
-                self._save(
-                    debug,
-                    label,
-                    {"forward": model, "training_forward": fwd, "training_backward": bwd},
-                )
-        elif debug.save_onnx:
-            self._save(debug, label, {"forward": model})
+        model.optimize(f"{label} inference")  # after autodiff: it read the captured graph
+        self.infer = Session(model)
+        if debug.save_onnx:  # the graphs as they run
+            graphs = {"forward": model}
+            if self.forward is not None:
+                graphs.update(training_forward=fwd, training_backward=bwd)
+            self._save(debug, label, graphs)
         assert names == self.infer.input_names
 
     @staticmethod

@@ -352,3 +352,44 @@ def test_an_object_graphtrain_cannot_rebuild_is_named():
         UnsupportedModelError, match=r"returns a test_graph_module.Slotted .*cannot rebuild"
     ):
         GraphModule(ReturnsSlotted())(torch.randn(2, 3))
+
+
+class WithIdentities(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        return (nn.functional.dropout(y, 0.0, True) + y.detach() * 0.5).sum()
+
+
+def test_graph_passes_and_their_switches(tmp_path):
+    """The passes run on the graphs after autodiff (save_onnx writes them as they run); with the
+    compute optimizer off, or a pass disabled, results are the same and the graphs keep what the
+    pass would remove."""
+
+    def run(folder: str, **opts: object) -> tuple[float, int]:
+        graphtrain.reload_options()
+        for k, v in opts.items():
+            graphtrain.set_option(k, v)
+        torch.manual_seed(0)
+        model = WithIdentities()
+        gm = GraphModule(
+            model, DebugOptions(save_onnx=True, onnx_prefix="g", save_path=str(tmp_path / folder))
+        )
+        loss = gm(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
+        loss.backward()
+        graph = onnx.load(tmp_path / folder / "g_train_training_forward.onnx").graph
+        return loss.item(), sum(n.op_type in ("Identity", "StopGradient") for n in graph.node)
+
+    on, with_identities_removed = run("on")
+    off, all_kept = run("off", enable_compute_optimizer=False)
+    partial, kept = run("partial", disable_passes="identities")
+    assert on == off == partial
+    assert with_identities_removed < all_kept == kept
+    graphtrain.set_option("disable_passes", "no_such_pass")
+    with pytest.raises(
+        graphtrain.OptionError, match="names 'no_such_pass'.*the passes are: identities, dead_code"
+    ):
+        GraphModule(nn.Linear(2, 2))(torch.randn(1, 2)).sum().backward()

@@ -97,10 +97,4 @@ const GradientRule* find_gradient(const std::string& domain, const std::string& 
 // Every op with a gradient rule, as "Op" (ONNX domain) or "domain::Op".
 std::vector<std::string> ops_with_gradient();
 
-// A copy of `graph` (values, nodes, attributes, types, initializers share tensor storage).
-Graph clone_graph(const Graph& graph);
-
-// Removes nodes none of whose outputs are used or are graph outputs; returns how many.
-size_t eliminate_dead_nodes(Graph& graph);
-
 }  // namespace graphtrain

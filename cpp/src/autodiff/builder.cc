@@ -11,6 +11,7 @@
 #include "graphtrain/error.h"
 #include "graphtrain/log.h"
 #include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
 #include "graphtrain/strings.h"
 
 namespace graphtrain {
@@ -40,56 +41,6 @@ void infer_node(Graph& g, Node* n) {
   }
 }
 
-// Copies `nodes` of `src` into a new graph with the given inputs, initializers and outputs.
-// Values produced by a Constant node outside `nodes` are copied with their Constant node.
-Graph extract(const Graph& src, const std::vector<Node*>& nodes, const std::vector<Value*>& inputs,
-              const std::vector<Value*>& outputs, const std::string& name) {
-  Graph g;
-  g.name = name;
-  g.opset_imports = src.opset_imports;
-  g.ir_version = src.ir_version;
-  std::unordered_map<const Value*, Value*> map;
-  for (Value* v : inputs) {
-    Value* nv = g.add_input(v->name(), v->type);
-    nv->sym_value = v->sym_value;
-    map[v] = nv;
-  }
-  std::unordered_set<const Node*> inside(nodes.begin(), nodes.end());
-  auto lookup = [&](Value* v) -> Value* {
-    if (!v) return nullptr;
-    auto it = map.find(v);
-    if (it != map.end()) return it->second;
-    if (v->is_initializer()) return map[v] = g.add_initializer(v->name(), v->initializer);
-    Node* p = v->producer();
-    if (p && p->op_type == "Constant" && p->domain.empty() && !inside.count(p)) {
-      Node* c = g.add_node("Constant", {}, {v->name()}, "", p->name);
-      c->attributes = p->attributes;
-      c->outputs()[0]->type = v->type;
-      c->outputs()[0]->sym_value = v->sym_value;
-      return map[v] = c->outputs()[0];
-    }
-    throw GraphError("graph split: value '" + v->name() + "' is read in graph '" + name +
-                     "' but neither produced there nor passed in");
-  };
-  for (Node* n : nodes) {
-    std::vector<Value*> ins;
-    for (Value* in : n->inputs()) ins.push_back(lookup(in));
-    std::vector<std::string> outs;
-    for (Value* out : n->outputs()) outs.push_back(out ? out->name() : "");
-    Node* c = g.add_node(n->op_type, ins, outs, n->domain, n->name);
-    c->attributes = n->attributes;
-    c->scope = n->scope;
-    for (size_t i = 0; i < n->outputs().size(); ++i)
-      if (Value* o = n->outputs()[i]) {
-        c->outputs()[i]->type = o->type;
-        c->outputs()[i]->sym_value = o->sym_value;
-        map[o] = c->outputs()[i];
-      }
-  }
-  for (Value* v : outputs) g.add_output(lookup(v));
-  return g;
-}
-
 }  // namespace
 
 void register_gradient(const std::string& domain, const std::string& op_type, GradientRule rule) {
@@ -112,28 +63,6 @@ std::vector<std::string> ops_with_gradient() {
   for (const auto& [key, rule] : r.rules)
     out.push_back(key.first.empty() ? key.second : key.first + "::" + key.second);
   return out;
-}
-
-Graph clone_graph(const Graph& graph) {
-  std::vector<Value*> inputs = graph.inputs();
-  return extract(graph, graph.topological_order(), inputs, graph.outputs(), graph.name);
-}
-
-size_t eliminate_dead_nodes(Graph& graph) {
-  size_t removed = 0;
-  std::unordered_set<const Value*> outputs(graph.outputs().begin(), graph.outputs().end());
-  auto order = graph.topological_order();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    bool used = is_callback_op(*n);  // effects outside the graph
-    for (Value* out : n->outputs())
-      if (out && (!out->uses().empty() || outputs.count(out))) used = true;
-    if (!used) {
-      graph.remove_node(n);
-      ++removed;
-    }
-  }
-  return removed;
 }
 
 // ---- the builder --------------------------------------------------------------------------------
@@ -458,8 +387,8 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   std::vector<Value*> bwd_inputs = grad_inputs;
   bwd_inputs.insert(bwd_inputs.end(), stashed.begin(), stashed.end());
 
-  result.forward = extract(g, fwd, fwd_inputs, fwd_outputs, forward.name);
-  result.backward = extract(g, bwd, bwd_inputs, grad_outputs, forward.name + "_backward");
+  result.forward = extract_graph(g, fwd, fwd_inputs, fwd_outputs, forward.name);
+  result.backward = extract_graph(g, bwd, bwd_inputs, grad_outputs, forward.name + "_backward");
   for (Value* v : stashed) result.stashed.push_back(v->name());
   GT_DEVINFO("gradient graphs of '", forward.name, "': forward ", result.forward.num_nodes(),
              " nodes, backward ", result.backward.num_nodes(), " nodes, ", stashed.size(),

@@ -13,6 +13,7 @@
 #include "graphtrain/error.h"
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
 #include "graphtrain/session.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
@@ -327,6 +328,12 @@ void bind_engine(nb::module_& m) {
           "Builds (forward, backward, info): the forward graph also returns info['stashed']; the "
           "backward graph takes info['grad_inputs'] then the stashed values and returns the "
           "gradients named in info['grads'] ('' where an input gets none).")
+      .def(
+          "optimize",
+          [](Model& self, const std::string& label) { return optimize_graph(self.graph, label); },
+          nb::arg("label") = "graph",
+          "Runs the graph passes in place (GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER, "
+          "GRAPHTRAIN_DISABLE_PASSES); returns [(pass, rewrites)] for the passes that ran.")
       .def("to_bytes", [](const Model& self) {
         std::string s = serialize_onnx(self.graph);
         return nb::bytes(s.data(), s.size());

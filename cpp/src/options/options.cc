@@ -96,7 +96,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "Keep torch.autograd.Function calls opaque as PythonOp nodes; 0 traces through them "
            "(PythonOp)."),
       spec("enable_compute_optimizer", T::kBool, "1", "GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER",
-           "Run fusions and other graph optimizations; 0 for an exact-parity run (passes)."),
+           "Run the graph passes (cpp/src/passes/) on the forward and backward graphs; 0 runs "
+           "none, for an exact-parity run (passes)."),
+      spec("disable_passes", T::kString, "", "GRAPHTRAIN_DISABLE_PASSES",
+           "Comma-separated passes not to run: dead_code, identities (passes)."),
       spec("save_onnx_path", T::kPath, "", "GRAPHTRAIN_SAVE_ONNX_PATH",
            "Folder where captured and optimized graphs are saved as .onnx files; empty saves none "
            "(GraphModule)."),

@@ -10,6 +10,7 @@
 #include "graphtrain/log.h"
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
 
@@ -116,6 +117,7 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
     Graph e = clone_graph(g);
     e.set_outputs({e.get(loss_)});
     eliminate_dead_nodes(e);
+    optimize_graph(e, "eval");
     eval_ = std::make_unique<Session>(std::move(e), config_.session);
   }
   // The training graphs: loss first, then the state updates.
@@ -129,6 +131,8 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
     if (grad_names_[i].empty())
       GT_WARNING("parameter '", param_names_[i], "' does not affect the loss '", loss_,
                  "'; its gradient stays zero");
+  optimize_graph(gg.forward, "forward");
+  optimize_graph(gg.backward, "backward");
   forward_ = std::make_unique<Session>(std::move(gg.forward), config_.session);
   backward_ = std::make_unique<Session>(std::move(gg.backward), config_.session);
   GT_INFO("TrainingSession for '", original_.name, "': ", param_names_.size(),

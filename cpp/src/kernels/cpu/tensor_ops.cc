@@ -192,6 +192,7 @@ void pad(KernelContext& ctx) {
   if (mode != "constant") ctx.fail("mode '" + mode + "' is not supported (constant only)");
   std::vector<int64_t> pads = ctx.input(1).to_int64_vector();
   size_t rank = x.rank();
+  if (rank == 0) ctx.fail("data must have rank 1 or more");
   if (pads.size() != 2 * rank)
     ctx.fail(
         str_cat("pads has ", pads.size(), " values; data of rank ", rank, " needs ", 2 * rank));
@@ -215,7 +216,6 @@ void pad(KernelContext& ctx) {
   const char* src = static_cast<const char*>(x.raw_data());
   int64_t lo = pads[rank - 1], in_inner = x.dim(rank - 1);
   parallel_for(ctx, rows, inner, [&](int64_t r0, int64_t r1) {
-    std::vector<int64_t> idx(rank, 0);
     for (int64_t r = r0; r < r1; ++r) {
       char* row = dst + r * inner * static_cast<int64_t>(es);
       // Source row of output row r, or none when a leading index falls in the padding.

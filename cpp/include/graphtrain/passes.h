@@ -1,0 +1,48 @@
+// Graph passes: transformations of the forward and backward graphs after autodiff (see
+// cpp/src/passes/README.md for the invariants every pass keeps). One explicit pipeline, in order;
+// GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER=0 turns it off, GRAPHTRAIN_DISABLE_PASSES=a,b single passes.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graphtrain/graph.h"
+
+namespace graphtrain {
+
+struct Pass {
+  std::string name;             // as GRAPHTRAIN_DISABLE_PASSES names it
+  std::string doc;              // one line
+  size_t (*run)(Graph& graph);  // returns the number of rewrites
+};
+
+// The pipeline, in the order the passes run.
+const std::vector<Pass>& pass_pipeline();
+
+// Runs the enabled passes of the pipeline on `graph`, each logging one DEVINFO line
+// ("<label>: <pass>: N rewrites"); returns (pass, rewrites) for the passes that ran. Throws
+// OptionError when GRAPHTRAIN_DISABLE_PASSES names a pass that does not exist.
+std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label);
+
+// ---- passes and graph utilities (each in its own file in cpp/src/passes/) ----------------------
+
+// Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act
+// outside the graph, stay); returns how many.
+size_t eliminate_dead_nodes(Graph& graph);
+
+// Removes Identity and StopGradient nodes (after autodiff StopGradient is an identity), their
+// readers reading the input instead; one that produces a graph output stays. Returns how many.
+size_t eliminate_identities(Graph& graph);
+
+// A copy of `graph` (values, nodes, attributes, types, initializers share tensor storage).
+Graph clone_graph(const Graph& graph);
+
+// The graph of `nodes` (in order) reading `inputs` and returning `outputs`: values produced
+// outside and not listed as inputs are initializers or Constants copied in, else an error.
+Graph extract_graph(const Graph& from, const std::vector<Node*>& nodes,
+                    const std::vector<Value*>& inputs, const std::vector<Value*>& outputs,
+                    const std::string& name);
+
+}  // namespace graphtrain

@@ -1,0 +1,65 @@
+// The pipeline: every pass, in the order it runs, and the switches that turn passes off.
+#include <set>
+#include <string_view>
+
+#include "graphtrain/error.h"
+#include "graphtrain/log.h"
+#include "graphtrain/options.h"
+#include "graphtrain/passes.h"
+#include "graphtrain/strings.h"
+
+namespace graphtrain {
+
+const std::vector<Pass>& pass_pipeline() {
+  static const std::vector<Pass> pipeline = {
+      {"identities", "readers of Identity / StopGradient read the input itself",
+       eliminate_identities},
+      {"dead_code", "nodes whose outputs nothing reads are removed", eliminate_dead_nodes},
+  };
+  return pipeline;
+}
+
+namespace {
+
+// The passes GRAPHTRAIN_DISABLE_PASSES names; an unknown name is an error listing the passes.
+std::set<std::string> disabled_passes() {
+  std::string text = Options::global().get_string("disable_passes");
+  std::set<std::string> names;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    size_t cut = rest.find(',');
+    std::string name(rest.substr(0, cut));
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) names.insert(name);
+    rest = cut == std::string_view::npos ? std::string_view() : rest.substr(cut + 1);
+  }
+  std::set<std::string> known;
+  std::string list;
+  for (const Pass& p : pass_pipeline()) {
+    known.insert(p.name);
+    list += (list.empty() ? "" : ", ") + p.name;
+  }
+  for (const std::string& name : names)
+    if (!known.count(name))
+      throw OptionError(str_cat("GRAPHTRAIN_DISABLE_PASSES names '", name,
+                                "', which is no pass; the passes are: ", list));
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label) {
+  std::vector<std::pair<std::string, size_t>> ran;
+  if (!Options::global().get_bool("enable_compute_optimizer")) return ran;
+  std::set<std::string> off = disabled_passes();
+  for (const Pass& p : pass_pipeline()) {
+    if (off.count(p.name)) continue;
+    size_t n = p.run(graph);
+    GT_DEVINFO(label, ": ", p.name, ": ", n, " rewrites");
+    ran.emplace_back(p.name, n);
+  }
+  return ran;
+}
+
+}  // namespace graphtrain
