@@ -962,22 +962,9 @@ def _batch_norm_nodes(
 @op(aten.batch_norm.default)
 def _batch_norm(n: torch.fx.Node, t: Translator) -> str:
     x, w, b, mean, var, training, momentum, eps = n.args[:8]
-    c = val(x).shape[1]
-    w_name = t.value(w) if w is not None else t.const(np.ones(c, np.float32))
-    b_name = t.value(b) if b is not None else t.const(np.zeros(c, np.float32))
-    if mean is None or var is None:
-        t.unsupported(n, "batch norm without running statistics")
-    inputs = [t.value(x), w_name, b_name, t.value(mean), t.value(var)]
     if not training:
-        return t.emit("BatchNormalization", inputs, epsilon=float(eps))
-    y, new_mean, new_var = t.emit(
-        "BatchNormalization",
-        inputs,
-        n_out=3,
-        domain=GT,
-        epsilon=float(eps),
-        momentum=float(momentum),
-    )
+        return _batch_norm_nodes(t, n, x, w, b, mean, var, False, momentum, eps)
+    y, new_mean, new_var = _batch_norm_nodes(t, n, x, w, b, mean, var, True, momentum, eps)
     t.mutated(mean, new_mean)
     t.mutated(var, new_var)
     return y
