@@ -315,7 +315,7 @@ class GraphModule(torch.nn.Module):
         if found:
             log(
                 "WARNING",
-                f"{type(self.module).__name__} ({label}): {sum(map(len, found.values()))} ops have no "
+                f"{type(self.module).__name__} ({label}): {len(found)} ATen op(s) have no "
                 f"native graphtrain kernel and run through PyTorch's kernels inside the graph: "
                 f"{_fallback.describe_fallbacks(found)}. graphtrain.explain(model, *args) shows how "
                 "every op runs; GRAPHTRAIN_FALLBACK_POLICY=off makes this an error.",
