@@ -13,14 +13,13 @@
 // gives zeros, as torch does. Dropout masks come from a counter-based generator keyed by `seed`
 // and the element's (batch, head, row, column), so the backward regenerates them.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/random.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
@@ -30,15 +29,8 @@ constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 128;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-uint64_t mix(uint64_t z) {  // splitmix64 finalizer
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 inline bool keep(uint64_t key, uint64_t index, float p) {
-  return static_cast<float>(mix(key ^ mix(index)) >> 40) * (1.0f / 16777216.0f) >= p;
+  return uniform(key, index) >= p;
 }
 
 // The geometry of one call, shared by the forward and backward kernels.
@@ -159,10 +151,7 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
 
 class AttentionKernel : public OpKernel {
  public:
-  explicit AttentionKernel(const Node&) {
-    static std::atomic<uint64_t> counter{0};
-    seed_ = mix(std::random_device{}() ^ counter.fetch_add(1));
-  }
+  explicit AttentionKernel(const Node&) : seed_(fresh_seed()) {}
 
   void compute(KernelContext& ctx) override {
     const Tensor& q = ctx.input(0);

@@ -1,25 +1,11 @@
 // CPU kernels: Dropout and DropoutGrad. The mask comes from a counter-based generator (a hash of
 // seed, call number and element index), so it does not depend on how the work is split across
 // threads.
-#include <atomic>
-#include <random>
-
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/random.h"
 
 namespace graphtrain::cpu {
 namespace {
-
-uint64_t mix(uint64_t z) {  // splitmix64 finalizer
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1) with 24 random bits, like a float32 generator.
-inline float uniform(uint64_t key, uint64_t index) {
-  return static_cast<float>(mix(key ^ mix(index)) >> 40) * (1.0f / 16777216.0f);
-}
 
 class DropoutKernel : public OpKernel {
  public:
@@ -27,8 +13,7 @@ class DropoutKernel : public OpKernel {
     if (node.has_attr("seed")) {
       seed_ = static_cast<uint64_t>(node.attr_int("seed", 0));
     } else {
-      static std::atomic<uint64_t> counter{0};
-      seed_ = mix(std::random_device{}() ^ counter.fetch_add(1));
+      seed_ = fresh_seed();
     }
   }
 
