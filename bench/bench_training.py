@@ -126,9 +126,7 @@ def main() -> int:
                         GRAPHTRAIN_NUM_THREADS=str(threads),
                         OMP_NUM_THREADS=str(threads),
                     )
-                    if runner == "GraphModule":  # cold: a fresh cache, filled for the next runner
-                        env["GRAPHTRAIN_CACHE_DIR"] = os.path.join(cache, f"{model}-{threads}")
-                    elif runner == "GraphModule (cache)":
+                    if runner.startswith("GraphModule"):  # the cold run fills what "(cache)" reads
                         env["GRAPHTRAIN_CACHE_DIR"] = os.path.join(cache, f"{model}-{threads}")
                     out = subprocess.run(
                         [

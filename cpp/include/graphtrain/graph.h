@@ -19,6 +19,9 @@ namespace graphtrain {
 
 inline constexpr const char* kGraphtrainDomain = "graphtrain";
 
+// "Add" (the ONNX domain) or "graphtrain::SoftmaxGrad": how errors and registries name an op.
+std::string qualified_op_name(const std::string& domain, const std::string& op_type);
+
 struct TensorType {
   DType dtype = DType::kUndefined;
   std::optional<SymShape> shape;  // nullopt: rank unknown

@@ -60,8 +60,7 @@ std::vector<std::string> ops_with_gradient() {
   auto& r = rules();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;
-  for (const auto& [key, rule] : r.rules)
-    out.push_back(key.first.empty() ? key.second : key.first + "::" + key.second);
+  for (const auto& [key, rule] : r.rules) out.push_back(qualified_op_name(key.first, key.second));
   return out;
 }
 

@@ -105,8 +105,12 @@ const Tensor* Node::attr_tensor(const std::string& n) const {
   return has_attr(n) ? &attr(n, Attribute::Kind::kTensor).t : nullptr;
 }
 
-std::string Node::qualified_op() const {
+std::string qualified_op_name(const std::string& domain, const std::string& op_type) {
   return domain.empty() ? op_type : domain + "::" + op_type;
+}
+
+std::string Node::qualified_op() const {
+  return qualified_op_name(domain, op_type);
 }
 
 std::string Node::describe() const {

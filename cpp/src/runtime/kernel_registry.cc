@@ -116,8 +116,7 @@ std::vector<std::string> registered_ops(const std::string& device) {
   std::vector<std::string> out;
   for (const auto& [key, defs] : r.kernels)
     if (std::get<0>(key) == device)
-      out.push_back(std::get<1>(key).empty() ? std::get<2>(key)
-                                             : std::get<1>(key) + "::" + std::get<2>(key));
+      out.push_back(qualified_op_name(std::get<1>(key), std::get<2>(key)));
   return out;
 }
 

@@ -98,8 +98,7 @@ std::vector<std::string> ops_with_shape_inferer() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;
-  for (const auto& [key, fn] : r.inferers)
-    out.push_back(key.first.empty() ? key.second : key.first + "::" + key.second);
+  for (const auto& [key, fn] : r.inferers) out.push_back(qualified_op_name(key.first, key.second));
   return out;
 }
 
