@@ -9,6 +9,7 @@ from ._options import Option, RuntimeOptions, options, reload_options, set_optio
 from .debug_options import DebugOptions  # noqa: E402
 from .errors import GraphtrainError, OptionError, UnsupportedModelError  # noqa: E402
 from .log import LogLevel, capture_output, get_logger, log, log_once, set_log_level  # noqa: E402
+from .profiler import profile_summary  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
@@ -39,6 +40,7 @@ __all__ = [
     "log",
     "log_once",
     "options",
+    "profile_summary",
     "reload_options",
     "set_log_level",
     "set_option",

@@ -497,10 +497,10 @@ def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captur
                 f"('{spec.target}'); write into a copy instead"
             )
     for out in out_nodes:
-        name = t.values[out]
-        if name in outputs or name in [i.name for i in inputs]:
-            name = t.emit("Identity", [name])
-        outputs.append(name)
+        value = t.values[out]
+        if value in outputs or value in [i.name for i in inputs]:
+            value = t.emit("Identity", [value])
+        outputs.append(value)
         output_float.append(_aten.val(out).dtype.is_floating_point)
     value_infos = [_value_info(o, _aten.val(n)) for o, n in zip(outputs, out_nodes)]
     updates = list(t.buffer_updates.items())

@@ -4,6 +4,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/passes.h"
+#include "graphtrain/profiler.h"
 #include "graphtrain/session.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
@@ -340,6 +342,27 @@ void bind_engine(nb::module_& m) {
       });
 
   m.def("supported_ops", [] { return registered_ops("cpu"); });
+
+  // The kernel profiler (GRAPHTRAIN_PROFILE); graphtrain.profile_summary() formats its totals.
+  m.def("profile_start", [] { Profiler::global().start(); });
+  m.def("profile_stop", [] { Profiler::global().stop(); });
+  m.def("profile_clear", [] { Profiler::global().clear(); });
+  m.def("profile_active", [] { return Profiler::global().active(); });
+  m.def(
+      "profile_rows",
+      [](const std::string& by) {
+        if (by != "op" && by != "module")
+          throw InputError("profile rows are by 'op' or by 'module', not '" + by + "'");
+        std::vector<std::tuple<std::string, double, int64_t>> out;
+        for (const ProfileRow& r :
+             by == "op" ? Profiler::global().by_op() : Profiler::global().by_module())
+          out.emplace_back(r.key, r.ms, r.calls);
+        return out;
+      },
+      nb::arg("by"), "[(op or module, milliseconds, calls)], largest first");
+  m.def(
+      "profile_write", [](const std::string& path) { Profiler::global().write(path); },
+      nb::arg("path"), "Writes the Chrome trace of everything recorded so far, atomically.");
 }
 
 }  // namespace graphtrain::bindings

@@ -110,6 +110,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "(distributed)."),
       spec("print_memory_stats", T::kBool, "0", "GRAPHTRAIN_PRINT_MEMORY_STATS",
            "Log the planned and peak memory of each execution plan at INFO (runtime)."),
+      spec("profile", T::kPath, "", "GRAPHTRAIN_PROFILE",
+           "Record every kernel run (op, node, module, input shapes) and write a Chrome trace "
+           "to this .json file at exit; graphtrain.profile_summary() prints time by op and by "
+           "module (runtime)."),
   };
 }
 

@@ -1,7 +1,6 @@
 #include "graphtrain/session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <unordered_map>
 
 #include "graphtrain/error.h"
@@ -9,6 +8,7 @@
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/options.h"
+#include "graphtrain/profiler.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
 #include "graphtrain/verifier.h"
@@ -182,6 +182,10 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
     slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
   for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
   ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
+  Profiler& profiler = Profiler::global();
+  const bool tracing = profiler.active();
+  const bool timing = tracing || plan.profiling;
+  const int64_t run_start = timing ? profiler.now_ns() : 0;
 
   for (Plan::Step& step : plan.steps) {
     std::vector<const Tensor*> ins;
@@ -208,20 +212,35 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
       step.kernel = def->factory(*step.node);
       step.kernel_dtype = dtype;
     }
-    KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
-    if (plan.profiling) {
-      auto t0 = std::chrono::steady_clock::now();
+    if (timing) {
+      std::string shapes;
+      if (tracing)
+        for (size_t i = 0; i < ins.size(); ++i)
+          shapes +=
+              str_cat(i ? ", " : "", ins[i] && ins[i]->defined() ? shape_to_string(ins[i]->shape())
+                                                                 : std::string("-"));
+      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
+      int64_t t0 = profiler.now_ns();
       step.kernel->compute(ctx);
-      auto& entry = plan.profile[step.node->qualified_op()];
-      entry.first +=
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      entry.second += 1;
+      int64_t dt = profiler.now_ns() - t0;
+      if (plan.profiling) {
+        auto& entry = plan.profile[step.node->qualified_op()];
+        entry.first += static_cast<double>(dt) * 1e-6;
+        entry.second += 1;
+      }
+      if (tracing)
+        profiler.record({step.node->qualified_op(), "kernel", graph_.name, step.node->name,
+                         step.node->scope, std::move(shapes), t0, dt});
     } else {
+      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
       step.kernel->compute(ctx);
     }
     for (int s : step.release) slots[static_cast<size_t>(s)] = Tensor();
   }
 
+  if (tracing)
+    profiler.record(
+        {graph_.name, "graph", graph_.name, "", "", "", run_start, profiler.now_ns() - run_start});
   std::vector<Tensor> result;
   for (int s : plan.output_slots) result.push_back(slots[static_cast<size_t>(s)]);
   if (!plan.memory_reported && Options::global().get_bool("print_memory_stats")) {
