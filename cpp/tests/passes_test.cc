@@ -3,6 +3,9 @@
 // GRAPHTRAIN_DISABLE_PASSES.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
+
 #include "graphtrain/error.h"
 #include "graphtrain/options.h"
 #include "graphtrain/passes.h"
@@ -72,19 +75,23 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"identities", "dead_code"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"identities", "constant_folding", "dead_code",
+                                             "fuse_elementwise"}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 2u);
+  ASSERT_EQ(ran.size(), 4u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
-  EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"dead_code", 1}));
+  EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
+  EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
+  EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
-  Options::global().set("disable_passes", " dead_code ");
+  Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 1u);
+  ASSERT_EQ(ran.size(), 2u);
   EXPECT_EQ(ran[0].first, "identities");
+  EXPECT_EQ(ran[1].first, "constant_folding");
   EXPECT_EQ(count(h, "Exp"), 1u);
 
   Options::global().set("enable_compute_optimizer", "0");
@@ -102,8 +109,226 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: identities, dead_code"), std::string::npos);
+    EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fuse_elementwise"),
+              std::string::npos);
   }
+}
+
+// ---- constant_folding and fuse_elementwise ------------------------------------------------------
+
+Value* scalar(Graph& g, float v) {
+  return g.add_initializer(g.unique_name("c"),
+                           Tensor::from_vector<float>(DType::kFloat32, {}, {v}));
+}
+
+Graph new_graph(const std::string& name) {
+  Graph g;
+  g.name = name;
+  g.opset_imports[""] = 18;
+  g.opset_imports[GT] = 1;
+  return g;
+}
+
+const SymShape kBTC = {SymDim::symbol("b"), SymDim(4), SymDim(6)};
+
+// Every output of running `g` on inputs of the given shapes (deterministic values in [-2, 2]).
+std::vector<std::vector<float>> run_all(Graph g, const std::vector<Shape>& shapes) {
+  Session s(std::move(g));
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor t = Tensor::empty(DType::kFloat32, shapes[i]);
+    for (int64_t k = 0; k < t.numel(); ++k)
+      t.data<float>()[k] =
+          static_cast<float>(((k * 37 + static_cast<int64_t>(i) * 11) % 97)) / 24.0f - 2.0f;
+    inputs.push_back(t);
+  }
+  std::vector<std::vector<float>> out;
+  for (const Tensor& y : s.run(inputs))
+    out.emplace_back(y.data<float>(), y.data<float>() + y.numel());
+  return out;
+}
+
+void expect_near(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                 float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t o = 0; o < a.size(); ++o) {
+    ASSERT_EQ(a[o].size(), b[o].size());
+    for (size_t i = 0; i < a[o].size(); ++i)
+      if (a[o][i] != b[o][i] && !(std::isnan(a[o][i]) && std::isnan(b[o][i])))
+        ASSERT_NEAR(a[o][i], b[o][i], tol * (1.0f + std::fabs(b[o][i])))
+            << "output " << o << " element " << i;
+  }
+}
+
+// GPT-2's GELU with its bias: h = x + bias; y = 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))),
+// with h also returned (a value the backward graph would read).
+Graph bias_gelu() {
+  Graph g = new_graph("bias_gelu");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* h = g.add_op("Add", {x, bias});
+  Value* cube = g.add_op("Pow", {h, scalar(g, 3.0f)});
+  Value* inner = g.add_op("Add", {h, g.add_op("Mul", {cube, scalar(g, 0.044715f)})});
+  Value* t = g.add_op("Tanh", {g.add_op("Mul", {inner, scalar(g, 0.7978845608f)})});
+  Value* y = g.add_op(
+      "Mul", {g.add_op("Mul", {h, scalar(g, 0.5f)}), g.add_op("Add", {t, scalar(g, 1.0f)})});
+  g.add_output(y);
+  g.add_output(h);
+  return g;
+}
+
+TEST_F(PassesTest, FuseElementwiseMakesOneLoopOfBiasAndGelu) {
+  Graph g = bias_gelu();
+  std::string y_name = g.outputs()[0]->name(), h_name = g.outputs()[1]->name();
+  auto before = run_all(clone_graph(g), {{3, 4, 6}, {6}});
+  EXPECT_EQ(fuse_elementwise(g), 1u);
+  EXPECT_EQ(g.num_nodes(), 1u);
+  Node* fused = g.nodes()[0];
+  EXPECT_EQ(fused->qualified_op(), "graphtrain::FusedElementwise");
+  EXPECT_EQ(fused->inputs().size(), 2u);  // x and the bias; the scalars are program constants
+  // Both graph outputs are the fused node's, under their own names.
+  ASSERT_EQ(g.outputs().size(), 2u);
+  EXPECT_EQ(g.outputs()[0]->producer(), fused);
+  EXPECT_EQ(g.outputs()[1]->producer(), fused);
+  EXPECT_EQ(g.outputs()[0]->name(), y_name);
+  EXPECT_EQ(g.outputs()[1]->name(), h_name);
+  expect_near(run_all(std::move(g), {{3, 4, 6}, {6}}), before, 1e-6f);
+}
+
+TEST_F(PassesTest, FuseElementwiseKeepsScopesAndNamesOfOutputs) {
+  Graph g = new_graph("scoped");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* a = g.add_op("Exp", {x});
+  a->producer()->scope = "model.block.0.mlp.fc";
+  Value* b = g.add_op("Neg", {a});
+  b->producer()->scope = "model.block.0.mlp.act";
+  std::string name = b->name();
+  g.add_output(b);
+  EXPECT_EQ(fuse_elementwise(g), 1u);
+  EXPECT_EQ(g.outputs()[0]->name(), name);
+  EXPECT_EQ(g.outputs()[0]->producer()->scope, "model.block.0.mlp");
+}
+
+TEST_F(PassesTest, FuseElementwiseMakesNoCycle) {
+  // e = Exp(x); s = Softmax(e) (not fusible, reads e); y = e * s. Fusing Mul into Exp's group
+  // would make the fused node both feed Softmax and read it.
+  Graph g = new_graph("cycle");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* e = g.add_op("Exp", {x});
+  Value* s = g.add_op("Softmax", {e}, {{"axis", Attribute::of(int64_t{-1})}});
+  Value* y = g.add_op("Neg", {g.add_op("Mul", {e, s})});
+  g.add_output(y);
+  auto before = run_all(clone_graph(g), {{2, 4, 6}});
+  EXPECT_EQ(fuse_elementwise(g), 1u);  // Mul and Neg; Exp stays alone
+  EXPECT_EQ(count(g, "Exp"), 1u);
+  EXPECT_EQ(count(g, "FusedElementwise"), 1u);
+  g.topological_order();  // throws on a cycle
+  expect_near(run_all(std::move(g), {{2, 4, 6}}), before, 1e-6f);
+}
+
+TEST_F(PassesTest, FuseElementwiseOnlyJoinsValuesOfOneShape) {
+  // A [b, 4, 1] scale broadcast into [b, 4, 6]: the scale's own chain is a different shape.
+  Graph g = new_graph("shapes");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* s =
+      g.add_input("s", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(4), SymDim(1)}});
+  Value* s2 = g.add_op("Sqrt", {g.add_op("Abs", {s})});
+  g.add_output(g.add_op("Relu", {g.add_op("Mul", {x, s2})}));
+  auto before = run_all(clone_graph(g), {{2, 4, 6}, {2, 4, 1}});
+  EXPECT_EQ(fuse_elementwise(g), 2u);
+  expect_near(run_all(std::move(g), {{2, 4, 6}, {2, 4, 1}}), before, 1e-6f);
+}
+
+// Every op a program can hold computes what its own kernel computes (op -> Neg, fused and not).
+TEST_F(PassesTest, EveryFusibleOpMatchesItsKernel) {
+  struct Case {
+    std::string op, domain;
+    int inputs;
+    std::map<std::string, Attribute> attrs;
+  };
+  std::vector<Case> cases = {
+      {"Add", "", 2, {}},
+      {"Sub", "", 2, {}},
+      {"Mul", "", 2, {}},
+      {"Div", "", 2, {}},
+      {"Max", "", 2, {}},
+      {"Min", "", 2, {}},
+      {"Neg", "", 1, {}},
+      {"Abs", "", 1, {}},
+      {"Sqrt", "", 1, {}},
+      {"Reciprocal", "", 1, {}},
+      {"Exp", "", 1, {}},
+      {"Log", "", 1, {}},
+      {"Tanh", "", 1, {}},
+      {"Erf", "", 1, {}},
+      {"Sigmoid", "", 1, {}},
+      {"Relu", "", 1, {}},
+      {"Sin", "", 1, {}},
+      {"Cos", "", 1, {}},
+      {"LeakyRelu", "", 1, {{"alpha", Attribute::of(0.2f)}}},
+      {"Gelu", "", 1, {}},
+      {"Gelu", "", 1, {{"approximate", Attribute::of(std::string("tanh"))}}},
+      {"ReluGrad", GT, 2, {}},
+      {"SigmoidGrad", GT, 2, {}},
+      {"TanhGrad", GT, 2, {}},
+      {"GeluGrad", GT, 2, {}},
+      {"GeluGrad", GT, 2, {{"approximate", Attribute::of(std::string("tanh"))}}},
+      {"LeakyReluGrad", GT, 2, {{"alpha", Attribute::of(0.3f)}}},
+  };
+  for (const Case& c : cases) {
+    Graph g = new_graph(c.op);
+    Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+    Value* y = g.add_input("y", {DType::kFloat32, kBTC});
+    std::vector<Value*> ins = {x};
+    if (c.inputs == 2) ins.push_back(y);
+    bool positive = c.op == "Sqrt" || c.op == "Log";
+    if (positive) ins[0] = g.add_op("Exp", {x});
+    Value* v = g.add_op(c.op, ins, c.attrs, c.domain);
+    g.add_output(g.add_op("Neg", {v}));
+    auto before = run_all(clone_graph(g), {{2, 4, 6}, {2, 4, 6}});
+    EXPECT_EQ(fuse_elementwise(g), 1u) << c.op;
+    EXPECT_EQ(g.num_nodes(), 1u) << c.op;
+    SCOPED_TRACE(c.op);
+    expect_near(run_all(std::move(g), {{2, 4, 6}, {2, 4, 6}}), before, 1e-6f);
+  }
+  // Pow with each exponent the program specializes, and a general one.
+  for (float p : {2.0f, 3.0f, 0.5f, -1.0f, 1.7f}) {
+    Graph g = new_graph("pow");
+    Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+    Value* v = g.add_op("Pow", {g.add_op("Exp", {x}), scalar(g, p)});
+    g.add_output(g.add_op("Neg", {v}));
+    auto before = run_all(clone_graph(g), {{2, 4, 6}});
+    EXPECT_EQ(fuse_elementwise(g), 1u);
+    SCOPED_TRACE(p);
+    expect_near(run_all(std::move(g), {{2, 4, 6}}), before, 1e-6f);
+  }
+}
+
+TEST_F(PassesTest, ConstantFoldingComputesSmallConstantNodes) {
+  // Pow's gradient: dx = dy * 3 * x^(3 - 1), the exponent computed by a Sub of constants.
+  Graph g = new_graph("fold");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* p = g.add_op("Sub", {scalar(g, 3.0f), scalar(g, 1.0f)});
+  Value* y = g.add_op("Mul", {g.add_op("Pow", {x, p}), scalar(g, 3.0f)});
+  g.add_output(y);
+  auto before = run_all(clone_graph(g), {{2, 4, 6}});
+  EXPECT_EQ(fold_constants(g), 1u);
+  EXPECT_EQ(count(g, "Sub"), 0u);
+  Value* folded = g.nodes()[0]->op_type == "Pow" ? g.nodes()[0]->input(1) : nullptr;
+  ASSERT_TRUE(folded && folded->is_initializer());
+  EXPECT_EQ(folded->initializer.data<float>()[0], 2.0f);
+  EXPECT_EQ(fuse_elementwise(g), 1u);  // now Pow's exponent is a constant
+  expect_near(run_all(std::move(g), {{2, 4, 6}}), before, 1e-6f);
+}
+
+TEST_F(PassesTest, ConstantFoldingLeavesRandomAndLargeNodes) {
+  Graph g = new_graph("nofold");
+  Tensor big = Tensor::zeros(DType::kFloat32, {100, 100});
+  Value* c = g.add_initializer("big", big);
+  Value* d = g.add_op("Dropout", {scalar(g, 1.0f), scalar(g, 0.5f)});
+  g.add_output(g.add_op("Exp", {c}));
+  g.add_output(d);
+  EXPECT_EQ(fold_constants(g), 0u);
 }
 
 }  // namespace

@@ -148,6 +148,9 @@ class Graph {
   Value* set_node_output(Node* node, size_t index, const std::string& name);
   void replace_input(Node* node, size_t index, Value* v);
   void replace_all_uses(Value* from, Value* to);
+  // Makes `v` output `index` of `to` (a rewrite keeps the value, its name and its readers); its
+  // old producer loses that output.
+  void move_output(Value* v, Node* to, size_t index);
 
   const std::vector<Value*>& inputs() const { return inputs_; }
   const std::vector<Value*>& outputs() const { return outputs_; }

@@ -36,6 +36,14 @@ size_t eliminate_dead_nodes(Graph& graph);
 // readers reading the input instead; one that produces a graph output stays. Returns how many.
 size_t eliminate_identities(Graph& graph);
 
+// Nodes whose inputs are all small constants are computed now; their outputs become initializers.
+// Returns how many nodes were folded.
+size_t fold_constants(Graph& graph);
+
+// Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
+// over the data); returns how many fused nodes were made.
+size_t fuse_elementwise(Graph& graph);
+
 // A copy of `graph` (values, nodes, attributes, types, initializers share tensor storage).
 Graph clone_graph(const Graph& graph);
 

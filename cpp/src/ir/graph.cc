@@ -251,6 +251,16 @@ void Graph::replace_all_uses(Value* from, Value* to) {
     if (out == from) out = to;
 }
 
+void Graph::move_output(Value* v, Node* to, size_t index) {
+  if (index < to->outputs_.size() && to->outputs_[index])
+    throw GraphError(to->describe() + " already has output " + std::to_string(index));
+  if (Node* from = v->producer_) from->outputs_[static_cast<size_t>(v->producer_output_)] = nullptr;
+  if (to->outputs_.size() <= index) to->outputs_.resize(index + 1, nullptr);
+  to->outputs_[index] = v;
+  v->producer_ = to;
+  v->producer_output_ = static_cast<int>(index);
+}
+
 std::vector<Value*> Graph::initializers() const {
   std::vector<Value*> out;
   for (const auto& v : values_)

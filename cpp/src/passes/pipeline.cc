@@ -14,7 +14,12 @@ const std::vector<Pass>& pass_pipeline() {
   static const std::vector<Pass> pipeline = {
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},
+      {"constant_folding", "nodes of small constant inputs are computed once, at build time",
+       fold_constants},
       {"dead_code", "nodes whose outputs nothing reads are removed", eliminate_dead_nodes},
+      {"fuse_elementwise",
+       "chains of float elementwise ops of one shape run as one FusedElementwise loop",
+       fuse_elementwise},
   };
   return pipeline;
 }

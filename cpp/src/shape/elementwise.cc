@@ -62,6 +62,11 @@ const bool registered = [] {
   for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
                          "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Cos", "Sin", "Clip"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
+  // Made by the fuse_elementwise pass: every output has the inputs' broadcast shape.
+  register_shape_inferer(kGraphtrainDomain, "FusedElementwise", [](InferenceContext& ctx) {
+    std::optional<SymShape> shape = broadcast_inputs(ctx, 0, ctx.num_inputs());
+    for (size_t o = 0; o < ctx.num_outputs(); ++o) ctx.set_output(o, DType::kFloat32, shape);
+  });
   register_shape_inferer(kGraphtrainDomain, "StopGradient",
                          [](InferenceContext& ctx) { infer_like_input(ctx); });
   register_shape_inferer("", "Identity", [](InferenceContext& ctx) {

@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/common.h"
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/elementwise_math.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -196,11 +196,7 @@ void pow_kernel(KernelContext& ctx) {
   const Tensor& b = ctx.input(1);
   Broadcaster shape_only(ctx, {&a.shape(), &b.shape()});
   Tensor& out = ctx.allocate_output(0, a.dtype(), shape_only.out_shape());
-  auto p = [](float x, float y) {
-    if (y == 2.0f) return x * x;
-    if (y == 0.5f) return std::sqrt(x);
-    return std::pow(x, y);
-  };
+  auto p = [](float x, float y) { return math::pow_scalar(x, y); };
   if (b.dtype() == F32) {
     binary_broadcast<float, float, float>(ctx, a, b, out, p);
   } else if (b.dtype() == I64) {
@@ -324,12 +320,6 @@ void cast_kernel(KernelContext& ctx) {
   });
 }
 
-const auto gelu_erf = [](auto x) { return 0.5f * x * (1.0f + vec::erf(x * 0.70710678118654752f)); };
-const auto gelu_tanh = [](auto x) {
-  const float k = 0.79788456080286536f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + vec::tanh(k * (x + 0.044715f * x * x * x)));
-};
-
 // Elementwise dX = f(dY, A) over same-shaped inputs.
 template <typename F>
 void binary_same(KernelContext& ctx, F f) {
@@ -391,12 +381,9 @@ const bool registered = [] {
   register_kernel("", "Erf", {F32}, [](KernelContext& ctx) {
     unary_vec(ctx, 3, [](auto x) { return vec::erf(x); });
   });
-  register_kernel("", "Sigmoid", {F32}, [](KernelContext& ctx) {
-    unary_vec(ctx, 2, [](auto x) { return 1.0f / (1.0f + vec::exp(-x)); });
-  });
-  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 1, [](float x) { return x > 0 ? x : 0.0f; });
-  });
+  register_kernel("", "Sigmoid", {F32},
+                  [](KernelContext& ctx) { unary_vec(ctx, 2, math::sigmoid); });
+  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) { unary_vec(ctx, 1, math::relu); });
   register_kernel("", "LeakyRelu", {F32}, [](KernelContext& ctx) {
     float alpha = ctx.node().attr_float("alpha", 0.01f);
     unary_f32(ctx, 1, [alpha](float x) { return x >= 0 ? x : alpha * x; });
@@ -404,9 +391,9 @@ const bool registered = [] {
   register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
     std::string approx = ctx.node().attr_string("approximate", "none");
     if (approx == "tanh")
-      unary_vec(ctx, 4, gelu_tanh);
+      unary_vec(ctx, 4, math::gelu_tanh);
     else if (approx == "none")
-      unary_vec(ctx, 4, gelu_erf);
+      unary_vec(ctx, 4, math::gelu_erf);
     else
       ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
   });
@@ -436,33 +423,21 @@ const bool registered = [] {
   register_kernel("", "Sign", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 1, [](float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == x ? 0.0f : x)); });
   });
-  register_kernel(GT, "ReluGrad", {F32}, [](KernelContext& ctx) {
-    binary_same(ctx, [](auto g, auto y) { return y > 0.0f ? g : decltype(g){}; });
-  });
-  register_kernel(GT, "SigmoidGrad", {F32}, [](KernelContext& ctx) {
-    binary_same(ctx, [](auto g, auto y) { return g * y * (1.0f - y); });
-  });
-  register_kernel(GT, "TanhGrad", {F32}, [](KernelContext& ctx) {
-    binary_same(ctx, [](auto g, auto y) { return g * (1.0f - y * y); });
-  });
+  register_kernel(GT, "ReluGrad", {F32},
+                  [](KernelContext& ctx) { binary_same(ctx, math::relu_grad); });
+  register_kernel(GT, "SigmoidGrad", {F32},
+                  [](KernelContext& ctx) { binary_same(ctx, math::sigmoid_grad); });
+  register_kernel(GT, "TanhGrad", {F32},
+                  [](KernelContext& ctx) { binary_same(ctx, math::tanh_grad); });
   register_kernel(GT, "LeakyReluGrad", {F32}, [](KernelContext& ctx) {
     float alpha = ctx.node().attr_float("alpha", 0.01f);
     binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
   });
   register_kernel(GT, "GeluGrad", {F32}, [](KernelContext& ctx) {
-    if (ctx.node().attr_string("approximate", "none") == "tanh") {
-      binary_same(ctx, [](auto g, auto x) {
-        const float k = 0.79788456080286536f, c = 0.044715f;
-        auto t = vec::tanh(k * (x + c * x * x * x));
-        return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x));
-      });
-    } else {
-      binary_same(ctx, [](auto g, auto x) {
-        auto cdf = 0.5f * (1.0f + vec::erf(x * 0.70710678118654752f));
-        auto pdf = vec::exp(-0.5f * x * x) * 0.39894228040143268f;
-        return g * (cdf + x * pdf);
-      });
-    }
+    if (ctx.node().attr_string("approximate", "none") == "tanh")
+      binary_same(ctx, math::gelu_tanh_grad);
+    else
+      binary_same(ctx, math::gelu_erf_grad);
   });
   return true;
 }();

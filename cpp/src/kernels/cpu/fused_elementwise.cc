@@ -1,0 +1,310 @@
+// graphtrain::FusedElementwise: a chain of float elementwise ops (made by the fuse_elementwise
+// pass) run as one loop over the data. The node carries a small program:
+//   registers: the inputs (broadcast to the output shape), then `constants`, then one per
+//   instruction (instruction k writes register inputs + constants + k);
+//   `ops` (one op name per instruction), `args` (three register indices per instruction, -1 when
+//   unused), `outputs` (the register each output holds).
+// The data is walked in blocks of kBlock elements; each instruction runs over a block at a time,
+// so intermediates stay in the cache and only the outputs are written to memory.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "graphtrain/error.h"
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/elementwise_math.h"
+
+namespace graphtrain::cpu {
+namespace {
+
+constexpr int64_t kBlock = 512;
+
+enum class Code {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMax,
+  kMin,
+  kPow,
+  kNeg,
+  kAbs,
+  kSqrt,
+  kReciprocal,
+  kExp,
+  kLog,
+  kTanh,
+  kErf,
+  kSigmoid,
+  kRelu,
+  kLeakyRelu,
+  kGelu,
+  kGeluTanh,
+  kSin,
+  kCos,
+  kReluGrad,
+  kSigmoidGrad,
+  kTanhGrad,
+  kLeakyReluGrad,
+  kGeluGrad,
+  kGeluTanhGrad
+};
+
+struct OpName {
+  const char* name;
+  Code code;
+  int arity;
+};
+
+// Every op a program may hold: the op names of fuse_elementwise (passes/fuse_elementwise.cc).
+constexpr OpName kOps[] = {
+    {"Add", Code::kAdd, 2},
+    {"Sub", Code::kSub, 2},
+    {"Mul", Code::kMul, 2},
+    {"Div", Code::kDiv, 2},
+    {"Max", Code::kMax, 2},
+    {"Min", Code::kMin, 2},
+    {"Pow", Code::kPow, 2},
+    {"Neg", Code::kNeg, 1},
+    {"Abs", Code::kAbs, 1},
+    {"Sqrt", Code::kSqrt, 1},
+    {"Reciprocal", Code::kReciprocal, 1},
+    {"Exp", Code::kExp, 1},
+    {"Log", Code::kLog, 1},
+    {"Tanh", Code::kTanh, 1},
+    {"Erf", Code::kErf, 1},
+    {"Sigmoid", Code::kSigmoid, 1},
+    {"Relu", Code::kRelu, 1},
+    {"LeakyRelu", Code::kLeakyRelu, 2},  // x, alpha
+    {"Gelu", Code::kGelu, 1},
+    {"GeluTanh", Code::kGeluTanh, 1},
+    {"Sin", Code::kSin, 1},
+    {"Cos", Code::kCos, 1},
+    {"ReluGrad", Code::kReluGrad, 2},
+    {"SigmoidGrad", Code::kSigmoidGrad, 2},
+    {"TanhGrad", Code::kTanhGrad, 2},
+    {"LeakyReluGrad", Code::kLeakyReluGrad, 3},  // dy, x, alpha
+    {"GeluGrad", Code::kGeluGrad, 2},
+    {"GeluTanhGrad", Code::kGeluTanhGrad, 2},
+};
+
+template <typename F>
+inline void map1(const float* a, float* d, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vec::store(d + i, f(vec::load(a + i)));
+  for (; i < n; ++i) d[i] = f(a[i]);
+}
+
+template <typename F>
+inline void map2(const float* a, const float* b, float* d, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vec::store(d + i, f(vec::load(a + i), vec::load(b + i)));
+  for (; i < n; ++i) d[i] = f(a[i], b[i]);
+}
+
+template <typename F>
+inline void scalar1(const float* a, float* d, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = f(a[i]);
+}
+
+struct Instr {
+  Code code;
+  int a, b, c;
+  float exponent = 0;  // kPow: the constant exponent
+};
+
+class FusedElementwise : public OpKernel {
+ public:
+  explicit FusedElementwise(const Node& node) {
+    std::vector<std::string> ops = node.attr("ops", Attribute::Kind::kStrings).strings;
+    std::vector<int64_t> args = node.attr_ints("args");
+    constants_ = node.has_attr("constants") ? node.attr_floats("constants") : std::vector<float>{};
+    outputs_ = node.attr_ints("outputs");
+    n_inputs_ = static_cast<int>(node.inputs().size());
+    int n_const = static_cast<int>(constants_.size());
+    int n_regs = n_inputs_ + n_const + static_cast<int>(ops.size());
+    auto fail = [&](const std::string& why) {
+      throw GraphError(node.describe() + ": bad fused program: " + why);
+    };
+    if (args.size() != 3 * ops.size())
+      fail(str_cat(ops.size(), " ops need ", 3 * ops.size(), " args, got ", args.size()));
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const OpName* op = nullptr;
+      for (const OpName& o : kOps)
+        if (ops[k] == o.name) op = &o;
+      if (!op) fail("unknown op '" + ops[k] + "'");
+      Instr in{op->code, static_cast<int>(args[3 * k]), static_cast<int>(args[3 * k + 1]),
+               static_cast<int>(args[3 * k + 2])};
+      int self = n_inputs_ + n_const + static_cast<int>(k);
+      int used[3] = {in.a, in.b, in.c};
+      for (int j = 0; j < 3; ++j) {
+        if ((j < op->arity) != (used[j] >= 0) || used[j] >= self)
+          fail(str_cat("op ", k, " (", ops[k], ") reads register ", used[j]));
+      }
+      if (op->code == Code::kPow) {
+        if (in.b < n_inputs_ || in.b >= n_inputs_ + n_const) fail("Pow needs a constant exponent");
+        in.exponent = constants_[static_cast<size_t>(in.b - n_inputs_)];
+      }
+      program_.push_back(in);
+    }
+    for (int64_t r : outputs_)
+      if (r < 0 || r >= n_regs) fail(str_cat("output register ", r));
+    // Constant registers: blocks of the value, read like any input.
+    const_blocks_.resize(constants_.size() * kBlock);
+    for (size_t c = 0; c < constants_.size(); ++c)
+      std::fill_n(const_blocks_.data() + c * kBlock, kBlock, constants_[c]);
+  }
+
+  void compute(KernelContext& ctx) override {
+    std::vector<const Shape*> shapes;
+    std::vector<const float*> in_data;
+    for (int i = 0; i < n_inputs_; ++i) {
+      const Tensor& t = ctx.input(static_cast<size_t>(i));
+      if (t.dtype() != F32) ctx.fail(str_cat("input ", i, " must be float32, got ", t.describe()));
+      shapes.push_back(&t.shape());
+      in_data.push_back(t.data<float>());
+    }
+    Broadcaster bc(ctx, shapes);
+    std::vector<float*> out_data;
+    for (size_t o = 0; o < outputs_.size(); ++o)
+      out_data.push_back(ctx.allocate_output(o, F32, bc.out_shape()).data<float>());
+    const int64_t inner = bc.inner();
+    const int64_t per_row = (inner + kBlock - 1) / kBlock;
+    const int64_t items = bc.rows() * per_row;
+    const int n_const = static_cast<int>(constants_.size());
+    const int n_regs = n_inputs_ + n_const + static_cast<int>(program_.size());
+    // Output register -> output index (the instruction writes straight into the output).
+    std::vector<int> out_of(static_cast<size_t>(n_regs), -1);
+    for (size_t o = 0; o < outputs_.size(); ++o) out_of[static_cast<size_t>(outputs_[o])] = int(o);
+    const int64_t cost = static_cast<int64_t>(program_.size()) * 2;
+
+    parallel_for(ctx, items, kBlock * cost, [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> scratch;
+      scratch.resize(static_cast<size_t>(n_regs) * kBlock);
+      std::vector<const float*> reg(static_cast<size_t>(n_regs));
+      std::vector<float*> dst(static_cast<size_t>(n_regs));
+      std::vector<int64_t> off(static_cast<size_t>(n_inputs_) + 1);
+      for (int c = 0; c < n_const; ++c)
+        reg[static_cast<size_t>(n_inputs_ + c)] = const_blocks_.data() + c * kBlock;
+      for (int64_t item = lo; item < hi; ++item) {
+        int64_t row = item / per_row;
+        int64_t start = (item % per_row) * kBlock;
+        int64_t n = std::min(kBlock, inner - start);
+        bc.offsets(row, off.data());
+        for (int i = 0; i < n_inputs_; ++i) {
+          const float* p = in_data[static_cast<size_t>(i)] + off[static_cast<size_t>(i)];
+          if (bc.inner_stride(static_cast<size_t>(i)) == 1) {
+            reg[static_cast<size_t>(i)] = p + start;
+          } else {  // broadcast along the inner dim: one value for the block
+            float* s = scratch.data() + static_cast<size_t>(i) * kBlock;
+            std::fill_n(s, n, p[0]);
+            reg[static_cast<size_t>(i)] = s;
+          }
+        }
+        for (int r = n_inputs_ + n_const; r < n_regs; ++r) {
+          int o = out_of[static_cast<size_t>(r)];
+          dst[static_cast<size_t>(r)] = o >= 0
+                                            ? out_data[static_cast<size_t>(o)] + row * inner + start
+                                            : scratch.data() + static_cast<size_t>(r) * kBlock;
+          reg[static_cast<size_t>(r)] = dst[static_cast<size_t>(r)];
+        }
+        for (size_t k = 0; k < program_.size(); ++k) {
+          const Instr& in = program_[k];
+          float* d = dst[static_cast<size_t>(n_inputs_ + n_const) + k];
+          run(in, reg[static_cast<size_t>(in.a)],
+              in.b >= 0 ? reg[static_cast<size_t>(in.b)] : nullptr,
+              in.c >= 0 ? reg[static_cast<size_t>(in.c)] : nullptr, d, n);
+        }
+        // An output that is an input or a constant register (a pass-through) is copied.
+        for (size_t o = 0; o < outputs_.size(); ++o) {
+          int r = static_cast<int>(outputs_[o]);
+          if (r < n_inputs_ + n_const)
+            std::memcpy(out_data[o] + row * inner + start, reg[static_cast<size_t>(r)],
+                        static_cast<size_t>(n) * sizeof(float));
+        }
+      }
+    });
+  }
+
+ private:
+  static void run(const Instr& in, const float* a, const float* b, const float* c, float* d,
+                  int64_t n) {
+    switch (in.code) {
+      case Code::kAdd:
+        return map2(a, b, d, n, [](auto x, auto y) { return x + y; });
+      case Code::kSub:
+        return map2(a, b, d, n, [](auto x, auto y) { return x - y; });
+      case Code::kMul:
+        return map2(a, b, d, n, [](auto x, auto y) { return x * y; });
+      case Code::kDiv:
+        return map2(a, b, d, n, [](auto x, auto y) { return x / y; });
+      case Code::kMax:
+        return map2(a, b, d, n, [](auto x, auto y) { return x != x ? x : (y > x ? y : x); });
+      case Code::kMin:
+        return map2(a, b, d, n, [](auto x, auto y) { return x != x ? x : (y < x ? y : x); });
+      case Code::kPow:
+        if (in.exponent == 2.0f) return map1(a, d, n, [](auto x) { return x * x; });
+        if (in.exponent == 3.0f) return map1(a, d, n, [](auto x) { return x * x * x; });
+        return scalar1(a, d, n, [p = in.exponent](float x) { return math::pow_scalar(x, p); });
+      case Code::kNeg:
+        return map1(a, d, n, [](auto x) { return -x; });
+      case Code::kAbs:
+        return scalar1(a, d, n, [](float x) { return std::fabs(x); });
+      case Code::kSqrt:
+        return scalar1(a, d, n, [](float x) { return std::sqrt(x); });
+      case Code::kReciprocal:
+        return map1(a, d, n, [](auto x) { return 1.0f / x; });
+      case Code::kExp:
+        return map1(a, d, n, [](auto x) { return vec::exp(x); });
+      case Code::kLog:
+        return scalar1(a, d, n, [](float x) { return std::log(x); });
+      case Code::kTanh:
+        return map1(a, d, n, [](auto x) { return vec::tanh(x); });
+      case Code::kErf:
+        return map1(a, d, n, [](auto x) { return vec::erf(x); });
+      case Code::kSigmoid:
+        return map1(a, d, n, math::sigmoid);
+      case Code::kRelu:
+        return map1(a, d, n, math::relu);
+      case Code::kLeakyRelu:
+        return map2(a, b, d, n, [](auto x, auto alpha) { return x >= 0.0f ? x : alpha * x; });
+      case Code::kGelu:
+        return map1(a, d, n, math::gelu_erf);
+      case Code::kGeluTanh:
+        return map1(a, d, n, math::gelu_tanh);
+      case Code::kSin:
+        return scalar1(a, d, n, [](float x) { return std::sin(x); });
+      case Code::kCos:
+        return scalar1(a, d, n, [](float x) { return std::cos(x); });
+      case Code::kReluGrad:
+        return map2(a, b, d, n, math::relu_grad);
+      case Code::kSigmoidGrad:
+        return map2(a, b, d, n, math::sigmoid_grad);
+      case Code::kTanhGrad:
+        return map2(a, b, d, n, math::tanh_grad);
+      case Code::kLeakyReluGrad:
+        for (int64_t i = 0; i < n; ++i) d[i] = b[i] > 0.0f ? a[i] : a[i] * c[i];
+        return;
+      case Code::kGeluGrad:
+        return map2(a, b, d, n, math::gelu_erf_grad);
+      case Code::kGeluTanhGrad:
+        return map2(a, b, d, n, math::gelu_tanh_grad);
+    }
+  }
+
+  int n_inputs_ = 0;
+  std::vector<Instr> program_;
+  std::vector<float> constants_;
+  std::vector<float> const_blocks_;
+  std::vector<int64_t> outputs_;
+};
+
+const bool registered = [] {
+  register_kernel(KernelDef{GT, "FusedElementwise", {F32}, [](const Node& node) {
+                              return std::make_unique<FusedElementwise>(node);
+                            }});
+  return true;
+}();
+
+}  // namespace
+}  // namespace graphtrain::cpu
