@@ -53,9 +53,16 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
             loss = ts.train_step(feeds[i % len(feeds)])
             ts.optimizer_step()
             return loss
+    elif runner == "GEMM-bound limit":
+        return gemm_limit(model, batches[0], hf)
     else:
         net = hf_model(model) if hf else training_model(model, **CONFIGS[model]["sizes"])
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+        if runner.startswith("GraphModule"):
+            import graphtrain.optim
+
+            opt = graphtrain.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
         if runner == "torch.compile":
             fn = torch.compile(net)
         elif runner.startswith("GraphModule"):
@@ -85,6 +92,62 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
     }
 
 
+def sgemm_gflops(m: int = 1024, k: int = 512, n: int = 512, iters: int = 30) -> float:
+    """graphtrain's measured float32 GEMM rate (GFLOP/s) on its own pool, on a bench-like shape."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    import graphtrain.engine as ge
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        "sgemm",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n]),
+        ],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "sgemm.onnx")
+        onnx.save(model, path)
+        session = ge.Session(path)
+        rng = np.random.default_rng(0)
+        feeds = {
+            "a": rng.standard_normal((m, k), np.float32),
+            "b": rng.standard_normal((k, n), np.float32),
+        }
+        for _ in range(3):
+            session.run(feeds)
+        ms = median_ms(lambda i: session.run(feeds), iters)
+    return 2.0 * m * k * n / (ms * 1e-3) / 1e9
+
+
+def gemm_limit(model: str, batch, hf: bool) -> dict:
+    """The step's GEMM FLOPs (forward and backward, counted by torch's FlopCounterMode on the
+    eager model) over graphtrain's measured GEMM rate: no training step can be faster."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models import training_model
+
+    net = hf_model(model) if hf else training_model(model, **CONFIGS[model]["sizes"])
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = net(**batch).loss if hf else net(*batch)
+        loss.backward()
+    flops = counter.get_total_flops()
+    rate = sgemm_gflops()
+    return {
+        "median_ms": flops / (rate * 1e9) * 1e3,
+        "first_s": 0.0,
+        "peak_mib": 0.0,
+        "gflop": flops / 1e9,
+        "gflops_rate": rate,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
@@ -105,8 +168,10 @@ def main() -> int:
     from models import export_training
 
     iters = 10 if args.quick else 30
-    runners = ["GraphModule", "GraphModule (cache)", "TrainingSession", "eager"] + (
-        [] if args.no_compile else ["torch.compile"]
+    runners = (
+        ["GraphModule", "GraphModule (cache)", "TrainingSession", "eager"]
+        + ([] if args.no_compile else ["torch.compile"])
+        + ["GEMM-bound limit"]
     )
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -182,6 +247,12 @@ def main() -> int:
                 lines.append(f"| {model} | {threads} | {r} | failed | | | |")
                 continue
             ratio = res["median_ms"] / g["median_ms"]
+            if r == "GEMM-bound limit":
+                lines.append(
+                    f"| {model} | {threads} | {r}: {res['gflop']:.2f} GFLOP at "
+                    f"{res['gflops_rate']:.0f} GFLOP/s | {res['median_ms']:.2f} | {ratio:.2f} | | |"
+                )
+                continue
             lines.append(
                 f"| {model} | {threads} | {r} | {res['median_ms']:.2f} | {ratio:.2f} | {res['first_s']:.2f} | "
                 f"{res['peak_mib']:.1f} |"

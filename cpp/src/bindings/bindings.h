@@ -16,6 +16,7 @@ void bind_engine(nanobind::module_& m);
 void bind_training(nanobind::module_& m);
 void bind_stats(nanobind::module_& m);
 void bind_callbacks(nanobind::module_& m);
+void bind_optim(nanobind::module_& m);
 
 // Arrays crossing into the engine (zero copy when contiguous) and back out.
 Tensor array_to_tensor(nanobind::handle obj, const std::string& what);

@@ -12,4 +12,5 @@ NB_MODULE(_C, m) {
   graphtrain::bindings::bind_training(m);
   graphtrain::bindings::bind_stats(m);
   graphtrain::bindings::bind_callbacks(m);
+  graphtrain::bindings::bind_optim(m);
 }

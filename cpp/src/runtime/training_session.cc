@@ -10,6 +10,7 @@
 #include "graphtrain/log.h"
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
+#include "graphtrain/optimizers.h"
 #include "graphtrain/passes.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
@@ -214,61 +215,33 @@ void TrainingSession::zero_grad() {
 
 void TrainingSession::optimizer_step() {
   const OptimizerConfig& o = config_.optimizer;
-  ThreadPool& pool = this->pool();
   ++steps_;
-  for (const auto& name : param_names_) {
-    Tensor& p = params_[name];
-    const Tensor& g = grads_[name];
-    float* pp = p.data<float>();
-    const float* pg = g.data<float>();
-    int64_t n = p.numel();
-    if (o.kind == "adamw") {
-      // PyTorch's AdamW, step for step: decay, moments, bias corrections in double.
+  if (o.kind == "adamw") {
+    std::vector<AdamWTensor> tensors;
+    for (const auto& name : param_names_) {
+      Tensor& p = params_[name];
       Tensor& m = opt_m_[name];
       Tensor& v = opt_v_[name];
       if (!m.defined()) {
         m = Tensor::zeros(DType::kFloat32, p.shape());
         v = Tensor::zeros(DType::kFloat32, p.shape());
       }
-      float* pm = m.data<float>();
-      float* pv = v.data<float>();
-      const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
-      const float w1 = static_cast<float>(1.0 - o.beta1), b2 = static_cast<float>(o.beta2),
-                  w2 = static_cast<float>(1.0 - o.beta2);
-      const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(steps_));
-      const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(steps_));
-      const float step_size = static_cast<float>(o.lr / bc1);
-      const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-      const float eps = static_cast<float>(o.eps);
-      pool.parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) {
-          pp[i] *= decay;
-          pm[i] = pm[i] + w1 * (pg[i] - pm[i]);
-          pv[i] = pv[i] * b2 + w2 * pg[i] * pg[i];
-          float denom = std::sqrt(pv[i]) / bc2_sqrt + eps;
-          pp[i] = pp[i] + (-step_size) * pm[i] / denom;
-        }
-      });
-    } else {
-      // PyTorch's SGD: weight decay into the gradient, then momentum, then the step.
-      const float wd = static_cast<float>(o.weight_decay), mom = static_cast<float>(o.momentum),
-                  lr = static_cast<float>(o.lr);
-      Tensor& buf = opt_m_[name];
-      bool first = !buf.defined();
-      if (mom != 0 && first) buf = Tensor::zeros(DType::kFloat32, p.shape());
-      float* pb = mom != 0 ? buf.data<float>() : nullptr;
-      pool.parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) {
-          float d = wd != 0 ? pg[i] + wd * pp[i] : pg[i];
-          if (pb) {
-            pb[i] = first ? d : pb[i] * mom + d;
-            d = pb[i];
-          }
-          pp[i] = pp[i] + (-lr) * d;
-        }
-      });
+      tensors.push_back({p.data<float>(), grads_[name].data<float>(), m.data<float>(),
+                         v.data<float>(), nullptr, p.numel(), static_cast<double>(steps_)});
     }
+    adamw_step(pool(), tensors, {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+    return;
   }
+  std::vector<SGDTensor> tensors;
+  for (const auto& name : param_names_) {
+    Tensor& p = params_[name];
+    Tensor& buf = opt_m_[name];
+    bool first = !buf.defined();
+    if (o.momentum != 0 && first) buf = Tensor::zeros(DType::kFloat32, p.shape());
+    tensors.push_back({p.data<float>(), grads_[name].data<float>(),
+                       o.momentum != 0 ? buf.data<float>() : nullptr, p.numel(), first});
+  }
+  sgd_step(pool(), tensors, {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
 }
 
 ThreadPool& TrainingSession::pool() const {
