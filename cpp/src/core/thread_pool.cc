@@ -1,6 +1,7 @@
 #include "graphtrain/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
 #include "graphtrain/log.h"
@@ -10,20 +11,33 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace graphtrain {
 namespace {
+
 thread_local bool t_inside_pool = false;
+
+// How long an idle worker spins for the next job while a graph runs before it sleeps.
+constexpr auto kSpin = std::chrono::microseconds(1000);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
-struct ThreadPool::Job {
-  const std::function<void(int64_t, int64_t)>* fn;
-  int64_t n;
-  int64_t chunk;
-  int64_t num_chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
-  int workers_inside = 0;  // guarded by the pool's mutex: the job outlives every worker using it
-  std::exception_ptr error;
-  std::mutex error_mutex;
-};
+// Waits for `done()` by spinning, yielding the core now and then (the thread we wait for may need
+// it when there are more threads than cores).
+template <typename F>
+void spin_until(F done) {
+  for (int i = 0; !done(); ++i) {
+    if ((i & 1023) == 1023)
+      std::this_thread::yield();
+    else
+      cpu_relax();
+  }
+}
+
+}  // namespace
 
 void pin_blas_to_one_thread() {
   openblas_set_num_threads(1);
@@ -47,13 +61,14 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::run_chunks(Job& job) {
+void ThreadPool::run_chunks() {
+  Job& job = job_;
   for (;;) {
     int64_t c = job.next.fetch_add(1);
     if (c >= job.num_chunks) break;
@@ -65,29 +80,37 @@ void ThreadPool::run_chunks(Job& job) {
       std::lock_guard<std::mutex> lock(job.error_mutex);
       if (!job.error) job.error = std::current_exception();
     }
-    job.finished.fetch_add(1);
+    job.finished.fetch_add(1, std::memory_order_release);
   }
 }
 
 void ThreadPool::worker_loop() {
   t_inside_pool = true;
   uint64_t seen = 0;
+  auto idle_since = std::chrono::steady_clock::now();
   for (;;) {
-    Job* job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      ++job->workers_inside;
+    // Announce first, then look: a submitter waits for inside_ == 0 before it rewrites job_.
+    inside_.fetch_add(1);
+    uint64_t g = generation_.load();
+    if (g != seen) {
+      seen = g;
+      run_chunks();
+      inside_.fetch_sub(1);
+      idle_since = std::chrono::steady_clock::now();
+      continue;
     }
-    run_chunks(*job);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --job->workers_inside;
+    inside_.fetch_sub(1);
+    if (stop_.load()) return;
+    if (busy_.load(std::memory_order_relaxed) > 0 &&
+        std::chrono::steady_clock::now() - idle_since < kSpin) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      continue;
     }
-    done_.notify_all();
+    std::unique_lock<std::mutex> lock(mutex_);
+    sleepers_.fetch_add(1);
+    wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+    sleepers_.fetch_sub(1);
+    idle_since = std::chrono::steady_clock::now();
   }
 }
 
@@ -101,26 +124,26 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     return;
   }
   std::lock_guard<std::mutex> submit(submit_mutex_);
-  Job job;
+  // Workers still leaving the previous job may read job_: wait until none is inside.
+  spin_until([&] { return inside_.load() == 0; });
+  Job& job = job_;
   job.fn = &fn;
   job.n = n;
   job.chunk = (n + max_chunks - 1) / max_chunks;
   job.num_chunks = (n + job.chunk - 1) / job.chunk;
-  {
+  job.next.store(0);
+  job.finished.store(0);
+  job.error = nullptr;
+  generation_.fetch_add(1);  // publishes the job
+  if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    ++generation_;
+    wake_.notify_all();
   }
-  wake_.notify_all();
   t_inside_pool = true;
-  run_chunks(job);
+  run_chunks();
   t_inside_pool = false;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock,
-               [&] { return job.finished.load() >= job.num_chunks && job.workers_inside == 0; });
-    job_ = nullptr;
-  }
+  spin_until([&] { return job.finished.load(std::memory_order_acquire) >= job.num_chunks; });
+  spin_until([&] { return inside_.load() == 0; });  // nobody reads job_ (or fn) after we return
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -182,6 +182,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
     slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
   for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
   ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
+  ThreadPool::Busy busy(pool);  // workers wait for the next kernel spinning, not asleep
   Profiler& profiler = Profiler::global();
   const bool tracing = profiler.active();
   const bool timing = tracing || plan.profiling;
