@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "graphtrain/error.h"
 #include "graphtrain/session.h"
@@ -62,11 +63,47 @@ TEST(ThreadPool, CoversTheRangeOnceAndPropagatesErrors) {
   EXPECT_EQ(total.load(), 800);
 }
 
+TEST(ThreadPool, ManyShortJobsFromSeveralThreadsWhileBusyAndIdle) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  auto submit = [&](int jobs) {
+    for (int j = 0; j < jobs; ++j)
+      pool.parallel_for(64, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });
+  };
+  {
+    ThreadPool::Busy busy(pool);  // workers spin between jobs
+    std::thread other([&] { submit(500); });
+    submit(500);
+    other.join();
+  }
+  submit(50);  // outside a run: workers sleep between jobs and are woken
+  EXPECT_EQ(sum.load(), 64 * 1050);
+}
+
 }  // namespace
 }  // namespace graphtrain
 
 namespace graphtrain {
 namespace {
+
+TEST(Tensor, FreedLargeBlocksAreReusedAndCounted) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer";
+#else
+  void* first;
+  {
+    Tensor big = Tensor::empty(DType::kFloat32, {1 << 18});  // 1 MiB
+    first = big.raw_data();
+  }
+  MemoryStats after_free = memory_stats();
+  EXPECT_GE(after_free.cached_bytes, int64_t{1} << 20);
+  Tensor again = Tensor::empty(DType::kFloat32, {(1 << 18) - 1000});  // a bit smaller: same block
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_EQ(memory_stats().cached_bytes, after_free.cached_bytes - (int64_t{1} << 20));
+  Tensor small = Tensor::empty(DType::kFloat32, {16});  // small blocks are malloc's
+  EXPECT_NE(small.raw_data(), first);
+#endif
+}
 
 TEST(Arena, PlacesTensorsAtOffsetsAndStaysAlive) {
   Tensor a, b;

@@ -88,3 +88,17 @@ def test_write_is_atomic_and_valid(tmp_path):
     assert json.loads(path.read_text())["traceEvents"]
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
     profiler.clear()
+
+
+def test_print_memory_stats_reports_each_graph_once(tmp_path):
+    r = run_python(
+        TRAIN,
+        env={"GRAPHTRAIN_PRINT_MEMORY_STATS": "1", "GRAPHTRAIN_LOG_LEVEL": "INFO"},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "held at most" in line]
+    graphs = sorted(line.split("graph '")[1].split("'")[0] for line in lines)
+    assert graphs == ["Sequential_train", "Sequential_train_backward"], r.stderr
+    for line in lines:
+        held = int(line.split("held at most ")[1].split()[0])
+        assert held > 0 and "cached for reuse" in line

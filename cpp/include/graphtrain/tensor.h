@@ -38,10 +38,12 @@ class Storage {
   std::function<void()> release_;  // empty: owned memory, freed through the allocator
 };
 
-// Bytes currently held and the peak since the last reset, for owned storage.
+// Bytes currently held by tensors and the peak since the last reset, for owned storage; and the
+// bytes of freed large blocks kept for reuse (tensor.cc's block cache).
 struct MemoryStats {
   int64_t current_bytes;
   int64_t peak_bytes;
+  int64_t cached_bytes;
 };
 MemoryStats memory_stats();
 void reset_peak_memory();

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include "graphtrain/error.h"
@@ -23,6 +25,72 @@ void count_alloc(int64_t bytes) {
   }
 }
 
+// Large blocks are cached: a freed block waits in a free list and serves the next request of
+// about its size, so a training step, which allocates the same tensors every step, stops calling
+// malloc (and stops page-faulting fresh memory) after its first step. Small blocks go to malloc,
+// which caches them itself. The cache holds at most as many bytes as tensors ever held at once.
+// Under AddressSanitizer nothing is cached, so a use after free is still caught.
+class BlockCache {
+ public:
+  static constexpr size_t kMinBytes = 64 << 10;
+
+  static size_t round(size_t bytes) {
+    size_t a = bytes < kMinBytes ? kAlignment : 4096;
+    return std::max(kAlignment, (bytes + a - 1) / a * a);
+  }
+
+  // A cached block of at least `bytes` and at most 1.25x that, or nullptr; *size is its size.
+  void* take(size_t bytes, size_t* size) {
+    if (!enabled(bytes)) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.lower_bound(bytes);
+    if (it == free_.end() || it->first > bytes + bytes / 4) return nullptr;
+    *size = it->first;
+    void* p = it->second;
+    free_.erase(it);
+    cached_ -= *size;
+    return p;
+  }
+
+  // Keeps the block for later; false when the caller should free it.
+  bool give(void* p, size_t size) {
+    if (!enabled(size)) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int64_t>(cached_ + size) > g_peak.load()) return false;
+    free_.emplace(size, p);
+    cached_ += size;
+    return true;
+  }
+
+  size_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_;
+  }
+
+  ~BlockCache() {
+    for (auto& [size, p] : free_) std::free(p);
+  }
+
+ private:
+  static bool enabled(size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+    (void)bytes;
+    return false;
+#else
+    return bytes >= kMinBytes;
+#endif
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_ = 0;
+};
+
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache();  // never destroyed: tensors may outlive statics
+  return *cache;
+}
+
 }  // namespace
 
 int64_t shape_numel(const Shape& shape) {
@@ -36,16 +104,16 @@ std::string shape_to_string(const Shape& shape) {
 }
 
 MemoryStats memory_stats() {
-  return {g_current.load(), g_peak.load()};
+  return {g_current.load(), g_peak.load(), static_cast<int64_t>(block_cache().cached_bytes())};
 }
 void reset_peak_memory() {
   g_peak.store(g_current.load());
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  size_t rounded = BlockCache::round(bytes);
+  void* p = block_cache().take(rounded, &rounded);
+  if (p == nullptr) p = std::aligned_alloc(kAlignment, rounded);
   if (p == nullptr)
     throw Error(str_cat("out of memory: cannot allocate ", bytes, " bytes for a tensor"));
   count_alloc(static_cast<int64_t>(rounded));
@@ -62,7 +130,7 @@ Storage::~Storage() {
     release_();
   } else {
     g_current.fetch_sub(static_cast<int64_t>(bytes_));
-    std::free(data_);
+    if (!block_cache().give(data_, bytes_)) std::free(data_);
   }
 }
 

@@ -187,6 +187,17 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   const bool tracing = profiler.active();
   const bool timing = tracing || plan.profiling;
   const int64_t run_start = timing ? profiler.now_ns() : 0;
+  // GRAPHTRAIN_PRINT_MEMORY_STATS: the first run measures the bytes its tensors hold at once.
+  const bool measure = !plan.memory_reported && Options::global().get_bool("print_memory_stats");
+  int64_t live_peak = 0;
+  auto live_bytes = [&] {
+    std::unordered_map<const Storage*, size_t> held;  // views share their storage: count once
+    for (const Tensor& t : slots)
+      if (t.defined() && t.storage()->owned()) held[t.storage().get()] = t.storage()->bytes();
+    int64_t sum = 0;
+    for (auto [storage, bytes] : held) sum += static_cast<int64_t>(bytes);
+    return sum;
+  };
 
   for (Plan::Step& step : plan.steps) {
     std::vector<const Tensor*> ins;
@@ -236,6 +247,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
       KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
       step.kernel->compute(ctx);
     }
+    if (measure) live_peak = std::max(live_peak, live_bytes());
     for (int s : step.release) slots[static_cast<size_t>(s)] = Tensor();
   }
 
@@ -244,11 +256,13 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
         {graph_.name, "graph", graph_.name, "", "", "", run_start, profiler.now_ns() - run_start});
   std::vector<Tensor> result;
   for (int s : plan.output_slots) result.push_back(slots[static_cast<size_t>(s)]);
-  if (!plan.memory_reported && Options::global().get_bool("print_memory_stats")) {
+  if (measure) {
     plan.memory_reported = true;
     MemoryStats m = memory_stats();
-    GT_INFO("graph '", graph_.name, "': tensor memory now ", m.current_bytes, " bytes, peak ",
-            m.peak_bytes, " bytes");
+    GT_INFO("graph '", graph_.name, "': its tensors held at most ", live_peak,
+            " bytes at once (outputs included); engine tensor memory now ", m.current_bytes,
+            " bytes, peak ", m.peak_bytes, " bytes, ", m.cached_bytes,
+            " bytes of freed blocks cached for reuse");
   }
   return result;
 }
