@@ -24,9 +24,9 @@ inline constexpr auto relu_grad = [](auto g, auto y) { return y > 0.0f ? g : dec
 inline constexpr auto sigmoid_grad = [](auto g, auto y) { return g * y * (1.0f - y); };
 inline constexpr auto tanh_grad = [](auto g, auto y) { return g * (1.0f - y * y); };
 inline constexpr auto gelu_erf_grad = [](auto g, auto x) {
-  auto cdf = 0.5f * (1.0f + vec::erf(x * 0.70710678118654752f));
-  auto pdf = vec::exp(-0.5f * x * x) * 0.39894228040143268f;
-  return g * (cdf + x * pdf);
+  auto e = vec::exp(-0.5f * x * x);  // serves the erf and the density
+  auto cdf = 0.5f * (1.0f + vec::erf_given_exp(x * 0.70710678118654752f, e));
+  return g * (cdf + x * e * 0.39894228040143268f);
 };
 inline constexpr auto gelu_tanh_grad = [](auto g, auto x) {
   const float k = 0.79788456080286536f, c = 0.044715f;
