@@ -85,11 +85,24 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
     first = time.perf_counter() - t0
     for i in range(1, 3):
         step(i)
-    return {
+    result = {
         "median_ms": median_ms(step, iters),
         "first_s": first,
         "peak_mib": (rss_kib("VmHWM") - base) / 1024,
     }
+    if runner == "GraphModule":  # where the time goes, from graphtrain's kernel profiler
+        import graphtrain.profiler
+
+        graphtrain.profiler.clear()
+        graphtrain.profiler.start()
+        profiled = 5
+        for i in range(profiled):
+            step(i)
+        graphtrain.profiler.stop()
+        result["profile"] = [
+            (op, ms / profiled, n // profiled) for op, ms, n in graphtrain.profiler.rows("op")
+        ]
+    return result
 
 
 def sgemm_gflops(m: int = 1024, k: int = 512, n: int = 512, iters: int = 30) -> float:
@@ -258,6 +271,25 @@ def main() -> int:
                 f"{res['peak_mib']:.1f} |"
             )
     lines += ["", describe_models(args.models), ""]
+    lines += [
+        "## Where GraphModule's step goes",
+        "",
+        "Kernel time per step by op (graphtrain's profiler, GRAPHTRAIN_PROFILE), the largest eight; "
+        "'other' is the step's time outside kernels (Python, autograd, optimizer).",
+        "",
+        "| model | threads | op | ms | calls |",
+        "|---|---|---|---|---|",
+    ]
+    for model, threads, result in rows:
+        g = result.get("GraphModule") or {}
+        prof = g.get("profile") or []
+        for op, ms, n in prof[:8]:
+            lines.append(f"| {model} | {threads} | {op} | {ms:.2f} | {n} |")
+        if prof:
+            kernels = sum(ms for _, ms, _ in prof)
+            lines.append(f"| {model} | {threads} | all kernels | {kernels:.2f} | |")
+            lines.append(f"| {model} | {threads} | other | {g['median_ms'] - kernels:.2f} | |")
+    lines.append("")
     write_results("training_step.md", lines)
     return 0
 
