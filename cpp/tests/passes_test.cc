@@ -76,22 +76,24 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"identities", "constant_folding", "dead_code",
-                                             "fuse_elementwise"}));
+                                             "fold_transposes", "fuse_elementwise"}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 4u);
+  ASSERT_EQ(ran.size(), 5u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
   EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
   EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
-  EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
+  EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fold_transposes", 0}));
+  EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
   Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 2u);
+  ASSERT_EQ(ran.size(), 3u);
   EXPECT_EQ(ran[0].first, "identities");
   EXPECT_EQ(ran[1].first, "constant_folding");
+  EXPECT_EQ(ran[2].first, "fold_transposes");
   EXPECT_EQ(count(h, "Exp"), 1u);
 
   Options::global().set("enable_compute_optimizer", "0");
@@ -109,7 +111,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fuse_elementwise"),
+    EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fold_transposes, "
+                       "fuse_elementwise"),
               std::string::npos);
   }
 }
@@ -319,6 +322,44 @@ TEST_F(PassesTest, ConstantFoldingComputesSmallConstantNodes) {
   EXPECT_EQ(folded->initializer.data<float>()[0], 2.0f);
   EXPECT_EQ(fuse_elementwise(g), 1u);  // now Pow's exponent is a constant
   expect_near(run_all(std::move(g), {{2, 4, 6}}), before, 1e-6f);
+}
+
+// q @ k^T as attention writes it: MatMul(q, Transpose(k, perm 0 2 1)); and a transposed A.
+TEST_F(PassesTest, FoldTransposesIntoTheGemm) {
+  Graph g = new_graph("qk");
+  SymShape bkd = {SymDim::symbol("b"), SymDim(5), SymDim(4)};
+  Value* q = g.add_input("q", {DType::kFloat32, bkd});
+  Value* k = g.add_input("k", {DType::kFloat32, bkd});
+  Value* kt = g.add_op("Transpose", {k}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1})}});
+  Value* scores = g.add_op("MatMul", {q, kt});  // [b, 5, 5]
+  Value* qt = g.add_op("Transpose", {q}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1})}});
+  Value* gram = g.add_op("MatMul", {qt, k});  // [b, 4, 4]
+  g.add_output(scores);
+  g.add_output(gram);
+  auto before = run_all(clone_graph(g), {{3, 5, 4}, {3, 5, 4}});
+  EXPECT_EQ(fold_transposes(g), 2u);
+  EXPECT_EQ(count(g, "Transpose"), 0u);
+  EXPECT_EQ(count(g, "FusedMatMul"), 2u);
+  EXPECT_EQ(scores->producer()->attr_int("transB", 0), 1);
+  EXPECT_EQ(gram->producer()->attr_int("transA", 0), 1);
+  expect_near(run_all(std::move(g), {{3, 5, 4}, {3, 5, 4}}), before, 1e-6f);
+}
+
+TEST_F(PassesTest, FoldTransposesLeavesOtherPermutationsAndSharedTransposes) {
+  Graph g = new_graph("keep");
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3), SymDim(4)}});
+  Value* w = g.add_input("w", {DType::kFloat32, SymShape{SymDim(2), SymDim(4)}});
+  // Swaps the leading dims: not a GEMM operand transpose.
+  Value* lead =
+      g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{1, 0, 2})}});
+  g.add_output(g.add_op("MatMul", {lead, g.add_op("Transpose", {w})}));  // B: folded (rank 2)
+  // Read by two nodes (and a graph output): it stays.
+  Value* shared =
+      g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1})}});
+  g.add_output(g.add_op("MatMul", {shared, x}));
+  g.add_output(shared);
+  EXPECT_EQ(fold_transposes(g), 1u);
+  EXPECT_EQ(count(g, "Transpose"), 2u);
 }
 
 TEST_F(PassesTest, ConstantFoldingLeavesRandomAndLargeNodes) {

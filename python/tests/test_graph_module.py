@@ -391,6 +391,7 @@ def test_graph_passes_and_their_switches(tmp_path):
     graphtrain.set_option("disable_passes", "no_such_pass")
     with pytest.raises(
         graphtrain.OptionError,
-        match="names 'no_such_pass'.*the passes are: identities, constant_folding, dead_code, fuse_elementwise",
+        match="names 'no_such_pass'.*the passes are: identities, constant_folding, dead_code, "
+        "fold_transposes, fuse_elementwise",
     ):
         GraphModule(nn.Linear(2, 2))(torch.randn(1, 2)).sum().backward()

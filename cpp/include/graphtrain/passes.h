@@ -40,6 +40,10 @@ size_t eliminate_identities(Graph& graph);
 // Returns how many nodes were folded.
 size_t fold_constants(Graph& graph);
 
+// Transposes of a MatMul operand's last two dims become the GEMM's transA / transB
+// (graphtrain::FusedMatMul); returns how many were folded.
+size_t fold_transposes(Graph& graph);
+
 // Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
 // over the data); returns how many fused nodes were made.
 size_t fuse_elementwise(Graph& graph);

@@ -1,0 +1,81 @@
+#include "passes/pattern.h"
+
+#include <unordered_set>
+
+namespace graphtrain {
+
+Pattern Pattern::op(std::vector<std::string> ops, std::vector<Pattern> inputs, std::string name) {
+  Pattern p;
+  p.ops_ = std::move(ops);
+  p.inputs_ = std::move(inputs);
+  p.name_ = std::move(name);
+  return p;
+}
+
+Pattern Pattern::any(std::string name) {
+  Pattern p;
+  p.name_ = std::move(name);
+  return p;
+}
+
+Pattern& Pattern::where(std::function<bool(const Node&)> condition) {
+  condition_ = std::move(condition);
+  return *this;
+}
+
+Pattern& Pattern::shared() {
+  shared_ = true;
+  return *this;
+}
+
+bool Pattern::match(Node* root, Match& m) const {
+  if (ops_.empty() || !root) return false;
+  bool op_ok = false;
+  for (const std::string& o : ops_) op_ok |= root->qualified_op() == o;
+  if (!op_ok || root->inputs().size() < inputs_.size()) return false;
+  if (condition_ && !condition_(*root)) return false;
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (!inputs_[i].match_value(root->input(i), m, true)) return false;
+  if (!name_.empty()) m.nodes[name_] = root;
+  return true;
+}
+
+bool Pattern::match_value(Value* v, Match& m, bool inner) const {
+  if (ops_.empty()) {  // any
+    if (!name_.empty()) m.values[name_] = v;
+    return true;
+  }
+  if (!v || !v->producer()) return false;
+  // An inner node that others read too would be lost by a rewrite that removes the match.
+  if (inner && !shared_) {
+    if (v->uses().size() != 1) return false;
+    if (m.graph)
+      for (const Value* out : m.graph->outputs())
+        if (out == v) return false;
+  }
+  if (!match(v->producer(), m)) return false;
+  if (!name_.empty()) m.values[name_] = v;
+  return true;
+}
+
+size_t rewrite_matches(Graph& graph, const Pattern& pattern,
+                       const std::function<bool(Graph&, const Match&)>& rewrite) {
+  size_t count = 0;
+  std::unordered_set<const Node*> alive;
+  for (Node* n : graph.nodes()) alive.insert(n);
+  for (Node* n : graph.topological_order()) {
+    // A rewrite may remove nodes later in the order: check against the graph's current nodes.
+    if (!alive.count(n)) continue;
+    Match m;
+    m.graph = &graph;
+    if (!pattern.match(n, m)) continue;
+    if (rewrite(graph, m)) {
+      ++count;
+      alive.clear();
+      for (Node* k : graph.nodes()) alive.insert(k);
+    }
+  }
+  return count;
+}
+
+}  // namespace graphtrain

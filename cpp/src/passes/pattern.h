@@ -1,0 +1,59 @@
+// A small pattern matcher for rewrites, so a fusion reads as a pattern and a replacement:
+//
+//   Pattern t = Pattern::op({"Transpose"}, {Pattern::any("x")}, "t").where(swaps_last_two);
+//   Pattern p = Pattern::op({"MatMul", "graphtrain::FusedMatMul"}, {t, Pattern::any("b")}, "mm");
+//   rewrite_matches(graph, p, [](Graph& g, const Match& m) { ... return true; });
+//
+// A pattern is an op (one of several qualified names) whose inputs match sub-patterns in order
+// (inputs beyond the listed ones match anything), or `any`, which matches any value (absent ones
+// too). Matched nodes and values are kept by name. An inner node's output must be read only by
+// the match and be no graph output, unless the pattern allows sharing, so a rewrite that removes
+// the match never loses a value someone else reads.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graphtrain/graph.h"
+
+namespace graphtrain {
+
+struct Match {
+  const Graph* graph = nullptr;  // set by rewrite_matches: its outputs are never inner values
+  std::map<std::string, Node*> nodes;
+  std::map<std::string, Value*> values;
+  Node* node(const std::string& name) const { return nodes.at(name); }
+  Value* value(const std::string& name) const { return values.at(name); }
+};
+
+class Pattern {
+ public:
+  static Pattern op(std::vector<std::string> ops, std::vector<Pattern> inputs = {},
+                    std::string name = "");
+  static Pattern any(std::string name = "");
+  // An extra condition on the matched node.
+  Pattern& where(std::function<bool(const Node&)> condition);
+  // An inner node whose outputs others read too may match (it stays for them).
+  Pattern& shared();
+
+  // Whether `root` matches this op pattern, filling `m`.
+  bool match(Node* root, Match& m) const;
+
+ private:
+  bool match_value(Value* v, Match& m, bool inner) const;
+  std::vector<std::string> ops_;  // empty: `any`
+  std::vector<Pattern> inputs_;
+  std::string name_;
+  std::function<bool(const Node&)> condition_;
+  bool shared_ = false;
+};
+
+// Calls `rewrite` for every node, in topological order, that matches `pattern` (as matched at that
+// moment); returns how many rewrites returned true. Nodes removed by an earlier rewrite are
+// skipped.
+size_t rewrite_matches(Graph& graph, const Pattern& pattern,
+                       const std::function<bool(Graph&, const Match&)>& rewrite);
+
+}  // namespace graphtrain
