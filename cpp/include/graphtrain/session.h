@@ -37,10 +37,7 @@ class Session {
   // Inputs by name; every graph input must be given, and no unknown name.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds);
 
-  // Per-op profiling: while enabled, run() adds each node's wall time to its op's total.
-  void set_profiling(bool enabled);
-  // Op -> (milliseconds, calls) since profiling was enabled.
-  std::map<std::string, std::pair<double, int64_t>> profile() const;
+  // Kernel timing: graphtrain/profiler.h (GRAPHTRAIN_PROFILE) records every run of every Session.
 
  private:
   struct Plan;

@@ -266,13 +266,7 @@ void bind_engine(nb::module_& m) {
           "run", [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds); },
           nb::arg("feeds"),
           "Runs the model on a dict {name: array} or a list in input order; returns the outputs "
-          "as numpy arrays, or as torch tensors when any input was one.")
-      .def(
-          "set_profiling", [](PySession& s, bool on) { s.session->set_profiling(on); },
-          nb::arg("enabled"), "Per-op timing of later runs (profile() reads it).")
-      .def(
-          "profile", [](const PySession& s) { return s.session->profile(); },
-          "op -> (milliseconds, calls) since profiling was enabled");
+          "as numpy arrays, or as torch tensors when any input was one.");
 
   nb::class_<Model>(m, "Model")
       .def(

@@ -31,8 +31,6 @@ struct Session::Plan {
   std::vector<int> output_slots;
   std::vector<std::pair<int, Tensor>> constants;
   bool memory_reported = false;
-  bool profiling = false;
-  std::map<std::string, std::pair<double, int64_t>> profile;
 };
 
 namespace {
@@ -185,8 +183,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   ThreadPool::Busy busy(pool);  // workers wait for the next kernel spinning, not asleep
   Profiler& profiler = Profiler::global();
   const bool tracing = profiler.active();
-  const bool timing = tracing || plan.profiling;
-  const int64_t run_start = timing ? profiler.now_ns() : 0;
+  const int64_t run_start = tracing ? profiler.now_ns() : 0;
   // GRAPHTRAIN_PRINT_MEMORY_STATS: the first run measures the bytes its tensors hold at once.
   const bool measure = !plan.memory_reported && Options::global().get_bool("print_memory_stats");
   int64_t live_peak = 0;
@@ -224,25 +221,17 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
       step.kernel = def->factory(*step.node);
       step.kernel_dtype = dtype;
     }
-    if (timing) {
+    if (tracing) {
       std::string shapes;
-      if (tracing)
-        for (size_t i = 0; i < ins.size(); ++i)
-          shapes +=
-              str_cat(i ? ", " : "", ins[i] && ins[i]->defined() ? shape_to_string(ins[i]->shape())
-                                                                 : std::string("-"));
+      for (size_t i = 0; i < ins.size(); ++i)
+        shapes +=
+            str_cat(i ? ", " : "", ins[i] && ins[i]->defined() ? shape_to_string(ins[i]->shape())
+                                                               : std::string("-"));
       KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
       int64_t t0 = profiler.now_ns();
       step.kernel->compute(ctx);
-      int64_t dt = profiler.now_ns() - t0;
-      if (plan.profiling) {
-        auto& entry = plan.profile[step.node->qualified_op()];
-        entry.first += static_cast<double>(dt) * 1e-6;
-        entry.second += 1;
-      }
-      if (tracing)
-        profiler.record({step.node->qualified_op(), "kernel", graph_.name, step.node->name,
-                         step.node->scope, std::move(shapes), t0, dt});
+      profiler.record({step.node->qualified_op(), "kernel", graph_.name, step.node->name,
+                       step.node->scope, std::move(shapes), t0, profiler.now_ns() - t0});
     } else {
       KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
       step.kernel->compute(ctx);
@@ -265,15 +254,6 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
             " bytes of freed blocks cached for reuse");
   }
   return result;
-}
-
-void Session::set_profiling(bool enabled) {
-  plan_->profiling = enabled;
-  if (enabled) plan_->profile.clear();
-}
-
-std::map<std::string, std::pair<double, int64_t>> Session::profile() const {
-  return plan_->profile;
 }
 
 }  // namespace graphtrain
