@@ -108,7 +108,6 @@ def worker(runner: str, model: str, path: str, threads: int, iters: int) -> dict
 def sgemm_gflops(m: int = 1024, k: int = 512, n: int = 512, iters: int = 30) -> float:
     """graphtrain's measured float32 GEMM rate (GFLOP/s) on its own pool, on a bench-like shape."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper
 
     import graphtrain.engine as ge
@@ -123,18 +122,13 @@ def sgemm_gflops(m: int = 1024, k: int = 512, n: int = 512, iters: int = 30) -> 
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "sgemm.onnx")
-        onnx.save(model, path)
-        session = ge.Session(path)
-        rng = np.random.default_rng(0)
-        feeds = {
-            "a": rng.standard_normal((m, k), np.float32),
-            "b": rng.standard_normal((k, n), np.float32),
-        }
-        for _ in range(3):
-            session.run(feeds)
-        ms = median_ms(lambda i: session.run(feeds), iters)
+    session = ge.Session(ge.Model.from_bytes(model.SerializeToString()))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), np.float32)
+    feeds = {"a": a, "b": rng.standard_normal((k, n), np.float32)}
+    for _ in range(3):
+        session.run(feeds)
+    ms = median_ms(lambda i: session.run(feeds), iters)
     return 2.0 * m * k * n / (ms * 1e-3) / 1e9
 
 

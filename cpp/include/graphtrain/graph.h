@@ -171,4 +171,8 @@ class Graph {
   int64_t name_counter_ = 0;
 };
 
+// The tensor a value holds when it is a constant (an initializer, or a Constant node's `value`),
+// else nullptr.
+const Tensor* constant_value(const Value* v);
+
 }  // namespace graphtrain

@@ -56,6 +56,8 @@ class Profiler {
 
  private:
   Profiler();
+  // Kernel time per key, largest first.
+  std::vector<ProfileRow> totals(std::string (*key_of)(const ProfileEvent&)) const;
   struct State;
   State* state_;
 };

@@ -251,6 +251,14 @@ void Graph::replace_all_uses(Value* from, Value* to) {
     if (out == from) out = to;
 }
 
+const Tensor* constant_value(const Value* v) {
+  if (!v) return nullptr;
+  if (v->is_initializer()) return &v->initializer;
+  const Node* p = v->producer();
+  if (p && p->op_type == "Constant" && p->domain.empty()) return p->attr_tensor("value");
+  return nullptr;
+}
+
 void Graph::move_output(Value* v, Node* to, size_t index) {
   if (index < to->outputs_.size() && to->outputs_[index])
     throw GraphError(to->describe() + " already has output " + std::to_string(index));

@@ -16,14 +16,6 @@ namespace {
 // small shape-like tensors, not for materializing large tensors in the graph.
 constexpr int64_t kMaxElements = 4096;
 
-const Tensor* constant_of(const Value* v) {
-  if (!v) return nullptr;
-  if (v->is_initializer()) return &v->initializer;
-  Node* p = v->producer();
-  if (p && p->op_type == "Constant" && p->domain.empty()) return p->attr_tensor("value");
-  return nullptr;
-}
-
 bool foldable_op(const Node& n) {
   if (is_callback_op(n) || n.inputs().empty()) return false;
   for (const char* random : {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -44,7 +36,7 @@ size_t fold_constants(Graph& graph) {
     std::vector<const Tensor*> ins;
     bool all_constant = true;
     for (Value* in : n->inputs()) {
-      const Tensor* t = in ? constant_of(in) : nullptr;
+      const Tensor* t = in ? constant_value(in) : nullptr;
       all_constant &= !in || (t && t->defined() && t->numel() <= kMaxElements);
       ins.push_back(t);
     }

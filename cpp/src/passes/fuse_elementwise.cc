@@ -58,13 +58,7 @@ constexpr Fusible kFusible[] = {
 
 // A float scalar constant (initializer or Constant node) that can become a program constant.
 const Tensor* scalar_constant(const Value* v) {
-  if (!v) return nullptr;
-  const Tensor* t = nullptr;
-  if (v->is_initializer()) {
-    t = &v->initializer;
-  } else if (Node* p = v->producer(); p && p->op_type == "Constant" && p->domain.empty()) {
-    t = p->attr_tensor("value");
-  }
+  const Tensor* t = constant_value(v);
   if (!t || !t->defined() || t->numel() != 1) return nullptr;
   DType d = t->dtype();
   return (d == DType::kFloat32 || d == DType::kInt64 || d == DType::kInt32) ? t : nullptr;

@@ -51,14 +51,6 @@ void follow_profile_option(const OptionValue& v) {
     Profiler::global().start();
 }
 
-std::vector<ProfileRow> sorted_rows(const std::map<std::string, ProfileRow>& rows) {
-  std::vector<ProfileRow> out;
-  for (const auto& [key, row] : rows) out.push_back(row);
-  std::stable_sort(out.begin(), out.end(),
-                   [](const ProfileRow& a, const ProfileRow& b) { return a.ms > b.ms; });
-  return out;
-}
-
 }  // namespace
 
 struct Profiler::State {
@@ -128,30 +120,29 @@ size_t Profiler::num_events() const {
 }
 
 std::vector<ProfileRow> Profiler::by_op() const {
-  std::map<std::string, ProfileRow> rows;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  for (const ProfileEvent& e : state_->events) {
-    if (e.category != "kernel") continue;
-    ProfileRow& r = rows[e.name];
-    r.key = e.name;
-    r.ms += static_cast<double>(e.duration_ns) * 1e-6;
-    r.calls += 1;
-  }
-  return sorted_rows(rows);
+  return totals([](const ProfileEvent& e) { return e.name; });
 }
 
 std::vector<ProfileRow> Profiler::by_module() const {
+  return totals([](const ProfileEvent& e) { return e.scope.empty() ? "(no module)" : e.scope; });
+}
+
+std::vector<ProfileRow> Profiler::totals(std::string (*key_of)(const ProfileEvent&)) const {
   std::map<std::string, ProfileRow> rows;
   std::lock_guard<std::mutex> lock(state_->mu);
   for (const ProfileEvent& e : state_->events) {
     if (e.category != "kernel") continue;
-    std::string key = e.scope.empty() ? "(no module)" : e.scope;
+    std::string key = key_of(e);
     ProfileRow& r = rows[key];
     r.key = key;
     r.ms += static_cast<double>(e.duration_ns) * 1e-6;
     r.calls += 1;
   }
-  return sorted_rows(rows);
+  std::vector<ProfileRow> out;
+  for (const auto& [key, row] : rows) out.push_back(row);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ProfileRow& a, const ProfileRow& b) { return a.ms > b.ms; });
+  return out;
 }
 
 std::string Profiler::chrome_trace() const {

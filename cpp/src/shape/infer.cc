@@ -23,15 +23,6 @@ std::string key_domain(const std::string& d) {
   return d == "ai.onnx" ? "" : d;
 }
 
-// The producer of a value when it is a Constant node with a tensor.
-const Tensor* constant_of(const Value* v) {
-  if (!v) return nullptr;
-  if (v->is_initializer()) return &v->initializer;
-  const Node* p = v->producer();
-  if (p && p->op_type == "Constant" && p->domain.empty()) return p->attr_tensor("value");
-  return nullptr;
-}
-
 }  // namespace
 
 const TensorType& InferenceContext::input_type(size_t i) const {
@@ -46,14 +37,14 @@ const SymShape* InferenceContext::input_shape(size_t i) const {
 }
 
 const Tensor* InferenceContext::input_constant(size_t i) const {
-  return constant_of(node_.input(i));
+  return constant_value(node_.input(i));
 }
 
 const std::vector<SymDim>* InferenceContext::input_values(size_t i) const {
   const Value* v = node_.input(i);
   if (!v) return nullptr;
   if (v->sym_value) return &*v->sym_value;
-  const Tensor* t = constant_of(v);
+  const Tensor* t = constant_value(v);
   if (t && (t->dtype() == DType::kInt64 || t->dtype() == DType::kInt32) && t->rank() <= 1 &&
       t->numel() <= 64) {
     auto values = std::make_unique<std::vector<SymDim>>();

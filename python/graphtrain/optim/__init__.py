@@ -26,6 +26,14 @@ def _fusible(*tensors: torch.Tensor) -> bool:
     )
 
 
+def _evaluate(closure: Callable[[], Any] | None) -> Any:
+    """The closure's loss, computed with gradients on (as torch's optimizers do)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _grad(p: torch.Tensor, name: str) -> torch.Tensor:
     if p.grad.is_sparse:
         raise RuntimeError(f"graphtrain.optim.{name} does not support sparse gradients")
@@ -59,10 +67,7 @@ class AdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             amsgrad = group["amsgrad"]
             beta1, beta2 = (float(b) for b in group["betas"])
@@ -163,10 +168,7 @@ class SGD(torch.optim.SGD):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             momentum = float(group["momentum"])
             fused: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []

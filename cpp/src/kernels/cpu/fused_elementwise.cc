@@ -89,13 +89,6 @@ constexpr OpName kOps[] = {
 };
 
 template <typename F>
-inline void map1(const float* a, float* d, int64_t n, F f) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) vec::store(d + i, f(vec::load(a + i)));
-  for (; i < n; ++i) d[i] = f(a[i]);
-}
-
-template <typename F>
 inline void map2(const float* a, const float* b, float* d, int64_t n, F f) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) vec::store(d + i, f(vec::load(a + i), vec::load(b + i)));
@@ -243,35 +236,35 @@ class FusedElementwise : public OpKernel {
       case Code::kMin:
         return map2(a, b, d, n, [](auto x, auto y) { return x != x ? x : (y < x ? y : x); });
       case Code::kPow:
-        if (in.exponent == 2.0f) return map1(a, d, n, [](auto x) { return x * x; });
-        if (in.exponent == 3.0f) return map1(a, d, n, [](auto x) { return x * x * x; });
+        if (in.exponent == 2.0f) return vec::map(a, d, n, [](auto x) { return x * x; });
+        if (in.exponent == 3.0f) return vec::map(a, d, n, [](auto x) { return x * x * x; });
         return scalar1(a, d, n, [p = in.exponent](float x) { return math::pow_scalar(x, p); });
       case Code::kNeg:
-        return map1(a, d, n, [](auto x) { return -x; });
+        return vec::map(a, d, n, [](auto x) { return -x; });
       case Code::kAbs:
         return scalar1(a, d, n, [](float x) { return std::fabs(x); });
       case Code::kSqrt:
         return scalar1(a, d, n, [](float x) { return std::sqrt(x); });
       case Code::kReciprocal:
-        return map1(a, d, n, [](auto x) { return 1.0f / x; });
+        return vec::map(a, d, n, [](auto x) { return 1.0f / x; });
       case Code::kExp:
-        return map1(a, d, n, [](auto x) { return vec::exp(x); });
+        return vec::map(a, d, n, [](auto x) { return vec::exp(x); });
       case Code::kLog:
         return scalar1(a, d, n, [](float x) { return std::log(x); });
       case Code::kTanh:
-        return map1(a, d, n, [](auto x) { return vec::tanh(x); });
+        return vec::map(a, d, n, [](auto x) { return vec::tanh(x); });
       case Code::kErf:
-        return map1(a, d, n, [](auto x) { return vec::erf(x); });
+        return vec::map(a, d, n, [](auto x) { return vec::erf(x); });
       case Code::kSigmoid:
-        return map1(a, d, n, math::sigmoid);
+        return vec::map(a, d, n, math::sigmoid);
       case Code::kRelu:
-        return map1(a, d, n, math::relu);
+        return vec::map(a, d, n, math::relu);
       case Code::kLeakyRelu:
         return map2(a, b, d, n, [](auto x, auto alpha) { return x >= 0.0f ? x : alpha * x; });
       case Code::kGelu:
-        return map1(a, d, n, math::gelu_erf);
+        return vec::map(a, d, n, math::gelu_erf);
       case Code::kGeluTanh:
-        return map1(a, d, n, math::gelu_tanh);
+        return vec::map(a, d, n, math::gelu_tanh);
       case Code::kSin:
         return scalar1(a, d, n, [](float x) { return std::sin(x); });
       case Code::kCos:
