@@ -49,6 +49,9 @@ class CallbackRun:
     def take(self, key: int) -> Any:
         return self._kept.pop(key, None)
 
+    def peek(self, key: int) -> Any:
+        return self._kept.get(key)
+
     def module_at(self, path: str) -> torch.nn.Module:
         m = self._modules.get(path)
         if m is None:
@@ -172,55 +175,50 @@ def _hook(attrs: dict, inputs: list[Any]) -> list[Any]:
                 f"{list(r.shape)} tensor; a replacement must keep shape and dtype"
             )
         out.append(r.detach().contiguous())
-    # Kept for HookGrad only when it has something to run (tensor hooks, a replaced tensor's
-    # autograd graph); otherwise gradients pass and the module outputs are not held until backward.
+    # Kept for the HookGrad calls (one per value the backward reaches, `grad_values`) only when
+    # they have something to run (tensor hooks, a replaced tensor's autograd graph); otherwise
+    # gradients pass and the module outputs are not held until backward.
     key = -1
-    if run.training and any(
-        pr is not v and (r is not pr or getattr(pr, "_backward_hooks", None))
-        for pr, v, r in zip(proxies, values, results)
+    waiting = set(attrs.get("grad_values", ()))
+    if (
+        run.training
+        and waiting
+        and any(
+            pr is not v and (r is not pr or getattr(pr, "_backward_hooks", None))
+            for pr, v, r in zip(proxies, values, results)
+        )
     ):
-        key = run.keep((proxies, results))
+        key = run.keep((proxies, results, waiting))
     return out + [context_tensor(key)]
 
 
 def _hook_grad(attrs: dict, inputs: list[Any]) -> list[Any]:
+    """The gradient of the Hook's input `index` from its whole gradient g: g through the torch
+    hooks registered on the tensor passed through, or through the replacement's autograd graph."""
     run = current_run()
-    key = int(inputs[0])
-    grads = inputs[1:]
-    entry = run.take(key) if key >= 0 else None
+    key, g = int(inputs[0]), inputs[1]
+    index = attrs["index"]
+    entry = run.peek(key) if key >= 0 else None
     if entry is None:
-        return list(grads)
-    proxies, results = entry
-    if all(r is pr for pr, r in zip(proxies, results)):
-        # Nothing replaced: run the tensor hooks registered on the leaves directly, in order, each
-        # seeing the previous one's result, as torch's engine runs a leaf's hooks.
-        passed = []
-        for pr, g in zip(proxies, grads):
-            for hook in list((getattr(pr, "_backward_hooks", None) or {}).values()):
-                if g is not None:
-                    new = hook(g)
-                    g = g if new is None else new
-            passed.append(g)
-        return passed
-    outs, outs_grads = [], []
-    for r, g in zip(results, grads):
-        if g is not None and r.requires_grad:
-            outs.append(r)
-            outs_grads.append(g)
-    wrt = [pr for pr in proxies if isinstance(pr, torch.Tensor) and pr.requires_grad]
-    got = iter(
-        torch.autograd.grad(outs, wrt, outs_grads, allow_unused=True)
-        if outs and wrt
-        else [None] * len(wrt)
+        return [g]
+    proxies, results, waiting = entry
+    waiting.discard(index)
+    if not waiting:
+        run.take(key)
+    proxy, result = proxies[index], results[index]
+    if result is proxy:
+        # Passed through: its tensor hooks, in order, each seeing the previous one's result, as
+        # torch's engine runs a leaf's hooks.
+        for hook in list((getattr(proxy, "_backward_hooks", None) or {}).values()):
+            new = hook(g)
+            g = g if new is None else new
+        return [g]
+    if not (isinstance(proxy, torch.Tensor) and proxy.requires_grad and result.requires_grad):
+        return [g if proxy is result else torch.zeros_like(proxy)]
+    (d,) = torch.autograd.grad(
+        [result], [proxy], [g], retain_graph=bool(waiting), allow_unused=True
     )
-    result: list[Any] = []
-    for pr, g in zip(proxies, grads):
-        if not (isinstance(pr, torch.Tensor) and pr.requires_grad):
-            result.append(g)
-            continue
-        d = next(got)
-        result.append(torch.zeros_like(pr) if d is None else d.contiguous())
-    return result
+    return [torch.zeros_like(proxy) if d is None else d.contiguous()]
 
 
 HANDLERS: dict[str, Callable[[dict, list[Any]], list[Any]]] = {

@@ -65,6 +65,14 @@ class GradientContext {
   }
   bool wants(size_t input) const { return input < wants_.size() && wants_[input]; }
   void set_grad(size_t input, Value* grad);
+  // Runs `replace` on input i's whole gradient once every reader of the input has given its part
+  // (when the pass reaches the input's producer, or at the end for a graph input), with a context
+  // of this node; what it returns becomes the gradient. Torch runs a tensor's hooks so, on its
+  // summed gradient.
+  using Replacer = std::function<Value*(GradientContext&, Value*)>;
+  void on_whole_grad(size_t input, Replacer replace);
+  // The same for a value upstream of input i (the rule knows they are one tensor in torch).
+  void on_whole_grad(size_t input, Value* upstream, Replacer replace);
   // Sets input i's gradient to `grad` reduced to the input's shape (undoes broadcasting), when
   // the input wants one.
   void set_grad_reduced(size_t input, Value* grad);

@@ -1,6 +1,7 @@
 // The gradient graph builder: reverse-mode differentiation over the IR, then a split of the
 // combined graph into a forward graph (with stashed outputs) and a backward graph.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -95,19 +96,37 @@ class GradientBuilder {
 
   void add_grad(Value* v, Value* grad) { contributions_[v].push_back(grad); }
 
-  // The sum of the contributions to v's gradient (nullptr when there are none).
+  void on_whole_grad(Value* v, Node* node, GradientContext::Replacer replace) {
+    replacers_[v].push_back({node, std::move(replace)});
+  }
+
+  // The sum of the contributions to v's gradient (nullptr when there are none), through the
+  // replacements waiting for it (the first registered runs last: hooks run in forward order).
   Value* total_grad(Value* v, const std::string& scope) {
     auto it = contributions_.find(v);
-    if (it == contributions_.end() || it->second.empty()) return nullptr;
-    std::vector<Value*>& parts = it->second;
-    while (parts.size() > 1) {  // pairwise: a balanced tree of Adds
-      std::vector<Value*> next;
-      for (size_t i = 0; i + 1 < parts.size(); i += 2)
-        next.push_back(emit("Add", {parts[i], parts[i + 1]}, 1, {}, "", {}, scope)[0]);
-      if (parts.size() % 2) next.push_back(parts.back());
-      parts = next;
+    Value* total = nullptr;
+    if (it != contributions_.end() && !it->second.empty()) {
+      std::vector<Value*>& parts = it->second;
+      while (parts.size() > 1) {  // pairwise: a balanced tree of Adds
+        std::vector<Value*> next;
+        for (size_t i = 0; i + 1 < parts.size(); i += 2)
+          next.push_back(emit("Add", {parts[i], parts[i + 1]}, 1, {}, "", {}, scope)[0]);
+        if (parts.size() % 2) next.push_back(parts.back());
+        parts = next;
+      }
+      total = parts[0];
     }
-    return parts[0];
+    auto r = replacers_.find(v);
+    if (r != replacers_.end() && total) {
+      std::vector<std::pair<Node*, GradientContext::Replacer>> pending = std::move(r->second);
+      replacers_.erase(r);
+      for (auto f = pending.rbegin(); f != pending.rend() && total; ++f) {
+        GradientContext ctx(*this, *f->first, {}, {});
+        total = f->second(ctx, total);
+      }
+      contributions_[v] = {total};
+    }
+    return total;
   }
 
   const std::unordered_set<const Node*>& builder_nodes() const { return builder_nodes_; }
@@ -118,6 +137,8 @@ class GradientBuilder {
   std::unordered_set<const Node*> builder_nodes_;
   std::unordered_map<const Value*, Value*> shapes_;
   std::unordered_map<const Value*, std::vector<Value*>> contributions_;
+  std::unordered_map<const Value*, std::vector<std::pair<Node*, GradientContext::Replacer>>>
+      replacers_;
 };
 
 Value* GradientContext::output(size_t i) {
@@ -127,6 +148,14 @@ Value* GradientContext::output(size_t i) {
   v = g.set_node_output(&node_, i, g.unique_name(node_.name + "_out" + std::to_string(i)));
   infer_node(g, &node_);
   return v;
+}
+
+void GradientContext::on_whole_grad(size_t input, Replacer replace) {
+  on_whole_grad(input, node_.input(input), std::move(replace));
+}
+
+void GradientContext::on_whole_grad(size_t input, Value* upstream, Replacer replace) {
+  if (wants(input)) builder_.on_whole_grad(upstream, &node_, std::move(replace));
 }
 
 void GradientContext::set_grad(size_t input, Value* grad) {

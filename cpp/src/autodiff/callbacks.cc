@@ -27,12 +27,49 @@ void through_host(GradientContext& c, const std::string& grad_op, size_t first,
   }
 }
 
+// The value a module input passed through `pre` Hook nodes comes from.
+Value* before_pre_hooks(Value* v) {
+  for (Node* p = v->producer();
+       p && p->domain == GT && p->op_type == "Hook" && p->attr_string("kind", "") == "pre";
+       p = v->producer()) {
+    size_t k = 0;
+    while (p->output(k) != v) ++k;
+    v = p->input(static_cast<size_t>(p->attr_int("num_passive", 0)) + k);
+  }
+  return v;
+}
+
 const bool registered = [] {
+  // Hook(passive..., x...) -> (y..., ctx): y_i is x_i or the subscribers' replacement of it.
+  // Each x_i's whole gradient (dy_i plus what x_i's other readers give it: a model's loss computed
+  // inside its forward reads the logits before the module's output hook) goes through its own
+  // HookGrad(ctx, g) -> dx_i, attribute `index` i, as torch runs a tensor's hooks on its summed
+  // gradient; the indices are written on the forward node (`grad_values`) so the host keeps what
+  // those calls need, and no more. A module's input passed through a `pre` Hook is the same torch
+  // tensor as the value before it (read by other modules too, and returned as-is by an Identity):
+  // hooks on it see that value's whole gradient. (Exact unless a pre subscriber replaces the
+  // tensor: then torch's hooks on the replacement would see its own gradient only.)
   register_gradient(GT, "Hook", [](GradientContext& c) {
-    const Node& n = c.node();
-    through_host(c, "HookGrad", static_cast<size_t>(n.attr_int("num_passive", 0)),
-                 {{"module", Attribute::of(n.attr_string("module", ""))},
-                  {"kind", Attribute::of(n.attr_string("kind", ""))}});
+    Node& n = c.node();
+    size_t first = static_cast<size_t>(n.attr_int("num_passive", 0));
+    n.attributes["grad_values"] = Attribute::of(std::vector<int64_t>{});
+    for (size_t i = 0; first + i < n.inputs().size(); ++i) {
+      c.set_grad(first + i, c.output_grad(i));
+      c.on_whole_grad(first + i, before_pre_hooks(c.input(first + i)),
+                      [first, i](GradientContext& h, Value* g) {
+                        Node& hook = h.node();
+                        std::vector<int64_t> indices = hook.attr_ints("grad_values");
+                        indices.push_back(static_cast<int64_t>(i));
+                        hook.attributes["grad_values"] = Attribute::of(indices);
+                        Value* dx = h.op("HookGrad", {h.output(hook.inputs().size() - first), g},
+                                         {{"module", Attribute::of(hook.attr_string("module", ""))},
+                                          {"kind", Attribute::of(hook.attr_string("kind", ""))},
+                                          {"index", Attribute::of(static_cast<int64_t>(i))}},
+                                         GT);
+                        dx->type = hook.input(first + i)->type;
+                        return dx;
+                      });
+    }
   });
   register_gradient(GT, "PythonOp", [](GradientContext& c) {
     const Node& n = c.node();
