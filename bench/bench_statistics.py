@@ -25,7 +25,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 from configs import CONFIGS, describe_models, example_kwargs  # noqa: E402
 from machine import median_ms  # noqa: E402
 
-RUNNERS = ["eager", "eager + stats", "GraphModule", "GraphModule + stats", "torch.compile"]
+RUNNERS = [
+    "eager",
+    "eager + stats",
+    "eager + stats text=False",
+    "GraphModule",
+    "GraphModule + stats",
+    "GraphModule + stats text=False",
+    "torch.compile",
+]
+WITH_STATS = [r for r in RUNNERS if "+ stats" in r]
 MODELS = ["mlp", "gpt"]
 
 
@@ -40,12 +49,13 @@ def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
     net = training_model(model, **CONFIGS[model]["sizes"])
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
     modules = sum(1 for _ in net.modules())
-    if runner.endswith("+ stats"):
+    if "+ stats" in runner:
         from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
 
-        SubscriberManager().subscribe(
-            net, [StatisticsSubscriber(out_dir, override_output_dir=True)]
+        sub = StatisticsSubscriber(
+            out_dir, override_output_dir=True, text=not runner.endswith("text=False")
         )
+        SubscriberManager().subscribe(net, [sub])
     if runner.startswith("GraphModule"):
         import graphtrain
 
@@ -132,19 +142,21 @@ def main() -> int:
         f"One step = forward, backward and AdamW; median of {iters} steps after 3 warm-up steps, one thread, "
         "each runner in its own process. '+ stats': a StatisticsSubscriber on every module dumps every step "
         "(statistics of each module's outputs in forward and of their gradients in backward: text files and "
-        "the binary sidecar). torch.compile runs without subscribers, as the reference. The cost per dumped "
-        "tensor (42 per GPT step): its statistics (~1.5 ns per value), its text and binary records and one file; "
+        "the binary sidecar; with text=False the binary sidecar only, `graphtrain-stats text` renders the "
+        "text files later). torch.compile runs without subscribers, as the reference. The cost per dumped "
+        "tensor (42 per GPT step): its statistics, its records (and one text file); "
         f"dumps went to {shm or 'a temporary folder'}, and a slower file system adds to it.",
         "",
         "| model | modules | "
         + " | ".join(f"{r} ms" for r in runners)
-        + " | eager stats / eager | GraphModule stats / GraphModule |",
-        "|---|---|" + "---|" * len(runners) + "---|---|",
+        + "".join(f" | {r} / {r.split(' +')[0]}" for r in WITH_STATS)
+        + " |",
+        "|---|---|" + "---|" * (len(runners) + len(WITH_STATS)),
     ]
     for model, result in rows:
         cells = [f"{result[r]['median_ms']:.1f}" if result.get(r) else "failed" for r in runners]
         modules = next((v["modules"] for v in result.values() if v), "-")
-        ratios = f"{ratio(result, 'eager + stats', 'eager')} | {ratio(result, 'GraphModule + stats', 'GraphModule')}"
+        ratios = " | ".join(ratio(result, r, r.split(" +")[0]) for r in WITH_STATS)
         lines.append(f"| {model} | {modules} | " + " | ".join(cells) + f" | {ratios} |")
     lines += ["", describe_models(MODELS), ""]
     write_results("statistics_overhead.md", lines)

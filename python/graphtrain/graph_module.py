@@ -18,6 +18,7 @@ from ._structure import TENSOR, ObjectLeaf
 from .debug_options import DebugOptions
 from .errors import UnsupportedModelError
 from .hooks import _subscriber
+from .hooks._statistics import subscribe_from_options
 from .hooks._subscriber import capture_scope, hook_signature
 from .log import log, log_once, refresh_rank
 
@@ -169,6 +170,9 @@ class GraphModule(torch.nn.Module):
     Parameters stay the module's torch parameters: any torch optimizer, gradient clipping,
     zero_grad and LR scheduler work unchanged, and `.grad` fills as in eager mode. Batch and
     sequence sizes are symbolic: changing them does not re-capture.
+
+    Read at construction: GRAPHTRAIN_DISABLE=1 makes it a pass-through to `module` (the baseline
+    run of a comparison), and GRAPHTRAIN_STATS_DIR subscribes a StatisticsSubscriber to `module`.
     """
 
     def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None) -> None:
@@ -184,9 +188,13 @@ class GraphModule(torch.nn.Module):
         self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
+        opts = options()
+        self._disabled = opts["disable"].value  # GRAPHTRAIN_DISABLE: a pass-through
+        if opts["stats_dir"].value:
+            subscribe_from_options(module)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._eager:
+        if self._eager or self._disabled:
             return self.module(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         schema = (spec, tuple(_describe(x) for x in flat))

@@ -1,26 +1,27 @@
-"""graphtrain-stats: merge and compare statistics dumps of two runs (StatisticsSubscriber).
+"""graphtrain-stats: merge, compare and render statistics dumps (StatisticsSubscriber).
 
+    graphtrain-stats compare --baseline A --candidate B [--html report.html]
+                             [--tolerance 1e-4] [--cosine-tolerance 1e-6] [--count-tolerance 1e-4]
+                             [--floor 1e-4]
     graphtrain-stats merge   --baseline A --candidate B --output C [--overwrite]
-    graphtrain-stats compare --baseline A --candidate B [--rtol R] [--atol A] [--html report.html]
+    graphtrain-stats text    DIR
 
 Also `python -m graphtrain.stats ...`. compare exits 0 when the runs agree, 1 at a divergence,
-2 on bad input.
+2 on bad input. Its tolerance model is described in graphtrain/_divergence.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
-import math
 import os
 import re
 import shutil
 import sys
 from typing import Any
 
-from .hooks._statistics import read_sidecar
-
-COMPARED = ("mean", "std", "min", "max", "nan", "inf", "negative", "positive", "zero", "count")
+from . import _report
+from ._divergence import Tolerance, direction, judge
+from .hooks._statistics import read_sidecar, render_text
 
 
 class BadInput(Exception):
@@ -69,13 +70,16 @@ def merge(baseline: str, candidate: str, output: str, overwrite: bool) -> int:
             out = os.path.join(output, rank, f"step_{step}")
             os.makedirs(out)
             names = _order(sa)
-            for label, src in (("baseline", sa), ("candidate", sb)):
+            for label, src, run in (("baseline", sa, a), ("candidate", sb, b)):
+                records = _load(run, step)
                 with open(os.path.join(out, f"{label}.txt"), "w") as f:
                     for name in names:
                         path = os.path.join(src, name)
                         f.write(f"== {name} ==\n")
                         if os.path.exists(path):
                             f.write(open(path).read())
+                        elif records.get(name, {}).get("dtype"):  # dumped with text=False
+                            f.write(render_text(records[name], name))
                         else:
                             f.write(f"(missing in the {label} run)\n")
                             print(
@@ -90,143 +94,169 @@ def merge(baseline: str, candidate: str, output: str, overwrite: bool) -> int:
     return 0
 
 
-def _differs(a: float, b: float, rtol: float, atol: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) != math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return a != b
-    return abs(a - b) > atol + rtol * abs(a)
-
-
 def _load(folder: str, step: int) -> dict[str, dict[str, Any]]:
     path = os.path.join(folder, f"step_{step}", "statistics.bin")
     return read_sidecar(path) if os.path.exists(path) else {}
 
 
-def compare(baseline: str, candidate: str, rtol: float, atol: float, report: str | None) -> int:
+def _label(name: str) -> str:
+    """The tensor's name without its direction suffix."""
+    return name.rsplit("_", 1)[0]
+
+
+def text(folder: str) -> int:
+    """Writes the text file of every record of every statistics.bin under `folder`, as
+    StatisticsSubscriber(text=True) would have (each file atomically)."""
+    written = 0
+    for run in _runs(folder).values():
+        steps = _steps(run)
+        if not steps:
+            raise BadInput(f"'{run}' holds no step_N folders")
+        for step in steps:
+            step_dir = os.path.join(run, f"step_{step}")
+            records = _load(run, step)
+            for name, record in records.items():
+                try:
+                    content = render_text(record, name)
+                except ValueError as e:
+                    raise BadInput(f"{os.path.join(step_dir, 'statistics.bin')}: {e}") from None
+                path = os.path.join(step_dir, name)
+                with open(path + ".tmp", "w") as f:
+                    f.write(content)
+                os.replace(path + ".tmp", path)
+                written += 1
+    print(f"{written} text files written under {folder}")
+    return 0
+
+
+def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -> int:
     first: dict[str, Any] | None = None
-    history: dict[str, dict[str, list[tuple[int, float, float]]]] = {}
+    jump: tuple[float, dict[str, Any]] | None = None
+    rows: dict[str, dict[str, Any]] = {}  # key -> report row, in dump order
+    all_steps: list[int] = []
     summary = []
     for rank, a, b in _pairs(baseline, candidate):
         steps = _steps(a)
         if not steps:
             raise BadInput(f"'{a}' holds no step_N folders")
+        all_steps = sorted(set(all_steps) | set(steps))
         for step in steps:
             ra, rb = _load(a, step), _load(b, step)
-            diverging = 0
-            for name in _order(os.path.join(a, f"step_{step}")):
-                if name not in ra:
-                    continue
+            where = f"{rank + '/' if rank else ''}step {step}"
+            diverging, largest = 0, 0.0
+            previous: dict[str, Any] = {}  # direction -> the last verdict of a tensor (not a scalar)
+            names = [n for n in _order(os.path.join(a, f"step_{step}")) if n in ra]
+            for name in names:
                 if name not in rb:
-                    print(
-                        f"{rank + '/' if rank else ''}step {step}: '{name}' is missing in the candidate run"
-                    )
-                    continue
+                    print(f"{where}: '{name}' is missing in the candidate run")
+            for name, verdict in judge([n for n in names if n in rb], ra, rb, tol):
                 key = f"{rank}/{name}" if rank else name
-                for stat in ("mean", "std", "min", "max"):
-                    history.setdefault(key, {}).setdefault(stat, []).append(
-                        (step, ra[name][stat], rb[name][stat])
-                    )
-                bad = [s for s in COMPARED if _differs(ra[name][s], rb[name][s], rtol, atol)]
-                if bad:
+                row = rows.setdefault(
+                    key,
+                    {
+                        "tensor": key,
+                        "module": ra[name]["module"],
+                        "direction": direction(name),
+                        "label": _label(name),
+                        "cells": {},
+                    },
+                )
+                row["cells"][step] = (verdict, ra[name], rb[name])
+                largest = max(largest, verdict.score)
+                found = {
+                    "rank": rank,
+                    "step": step,
+                    "module": ra[name]["module"],
+                    "tensor": name,
+                    "key": key,
+                    "verdict": verdict,
+                }
+                if verdict.diverges:
                     diverging += 1
                     if first is None:
-                        s = bad[0]
-                        first = {
-                            "rank": rank,
-                            "step": step,
-                            "module": ra[name]["module"],
-                            "tensor": name,
-                            "direction": "backward" if name.endswith("_backward") else "forward",
-                            "statistic": s,
-                            "baseline": ra[name][s],
-                            "candidate": rb[name][s],
-                            "key": key,
-                        }
-            summary.append((rank, step, diverging, len(ra)))
-    for rank, step, diverging, total in summary:
-        print(f"{rank + '/' if rank else ''}step {step}: {diverging} of {total} tensors differ")
+                        first = found
+                    before = previous.get(direction(name))
+                    if before is not None:
+                        rise = verdict.score / max(before.score, 1e-3)
+                        if jump is None or rise > jump[0]:
+                            jump = (rise, {**found, "from": before.score})
+                if ra[name]["count"] > 1:
+                    previous[direction(name)] = verdict
+            summary.append((where, diverging, len(ra), largest))
+    for where, diverging, total, largest in summary:
+        print(f"{where}: {diverging} of {total} tensors differ (largest score {largest:.3g})")
+    tolerance = (
+        f"tolerance: value {tol.value:g} of the tensor's scale, cosine {tol.cosine:g}, "
+        f"counts {tol.count:g} of the elements, floor {tol.floor:g}"
+    )
     if first is None:
-        print(f"no divergence (rtol {rtol}, atol {atol})")
+        headline = f"no divergence ({tolerance})"
     else:
-        rel = abs(first["baseline"] - first["candidate"]) / max(abs(first["baseline"]), 1e-30)
-        where = f"{first['rank']}, " if first["rank"] else ""
+        v = first["verdict"]
+        rank = f"{first['rank']}, " if first["rank"] else ""
+        headline = (
+            f"first divergence: {rank}step {first['step']}, module '{first['module']}', tensor "
+            f"{_label(first['tensor'])}, {direction(first['tensor'])}, {v.statistic}: baseline "
+            f"{v.baseline:.9g}, candidate {v.candidate:.9g} (score {v.score:.3g}, 1 is the "
+            "tolerance)"
+        )
+    print(headline)
+    if jump is not None:
+        j = jump[1]
         print(
-            f"first divergence: {where}step {first['step']}, module '{first['module']}', tensor "
-            f"{first['tensor'].rsplit('_', 1)[0]}, {first['direction']}, {first['statistic']}: baseline "
-            f"{first['baseline']:.9g}, candidate {first['candidate']:.9g} (relative difference {rel:.3g})"
+            f"largest jump: step {j['step']}, module '{j['module']}', tensor {_label(j['tensor'])}, "
+            f"{direction(j['tensor'])}: score {j['from']:.3g} -> {j['verdict'].score:.3g} over "
+            "the tensor of its direction dumped before it"
         )
     if report:
-        _html(report, history, first, baseline, candidate, rtol, atol)
+        _write_report(report, rows, all_steps, first, headline, baseline, candidate, tolerance)
         print(f"report written to {report}")
     return 0 if first is None else 1
 
 
-def _svg(points: list[tuple[int, float, float]], highlight: int | None) -> str:
-    w, h, pad = 220, 90, 6
-    values = [v for _, x, y in points for v in (x, y) if math.isfinite(v)]
-    if not values:
-        return "<svg width='220' height='90'></svg>"
-    lo, hi = min(values), max(values)
-    span = hi - lo or 1.0
-    steps = [s for s, _, _ in points]
-    s0, s1 = min(steps), max(steps)
-    sx = lambda s: pad + (w - 2 * pad) * ((s - s0) / (s1 - s0) if s1 > s0 else 0.5)  # noqa: E731
-    sy = lambda v: h - pad - (h - 2 * pad) * ((v - lo) / span)  # noqa: E731
-
-    def line(idx: int, color: str, dash: str) -> str:
-        pts = " ".join(f"{sx(p[0]):.1f},{sy(p[idx]):.1f}" for p in points if math.isfinite(p[idx]))
-        return f"<polyline fill='none' stroke='{color}' stroke-width='2' {dash} points='{pts}'/>"
-
-    mark = ""
-    if highlight is not None:
-        mark = f"<line x1='{sx(highlight):.1f}' x2='{sx(highlight):.1f}' y1='0' y2='{h}' stroke='#d62728'/>"
-    dashed = "stroke-dasharray='4 3'"
-    return (
-        f"<svg width='{w}' height='{h}' style='background:#fafafa'>{mark}{line(1, '#1f77b4', '')}"
-        f"{line(2, '#ff7f0e', dashed)}</svg>"
-    )
-
-
-def _html(
+def _write_report(
     path: str,
-    history: dict,
-    first: dict | None,
+    rows: dict[str, dict[str, Any]],
+    steps: list[int],
+    first: dict[str, Any] | None,
+    headline: str,
     baseline: str,
     candidate: str,
-    rtol: float,
-    atol: float,
+    tolerance: str,
 ) -> None:
-    rows = []
-    for key, stats in history.items():
-        is_first = first is not None and key == first["key"]
-        style = " style='outline:3px solid #d62728'" if is_first else ""
-        anchor = " id='first'" if is_first else ""
-        cells = "".join(
-            f"<td>{stat}<br>{_svg(points, first['step'] if is_first else None)}</td>"
-            for stat, points in stats.items()
+    # Forward tensors, then backward, then parameter gradients, each in dump order.
+    rank_of = {"forward": 0, "backward": 1, "parameter gradient": 2}
+    ordered = sorted(rows.values(), key=lambda r: rank_of[r["direction"]])
+    out = []
+    for row in ordered:
+        cells = row["cells"]
+        out.append(
+            {
+                "tensor": row["tensor"],
+                "module": row["module"],
+                "direction": row["direction"],
+                "label": row["label"],
+                "scores": [cells[s][0].score if s in cells else None for s in steps],
+                "verdicts": [
+                    (lambda v: (v.score, v.statistic, v.baseline, v.candidate))(cells[s][0])
+                    if s in cells
+                    else None
+                    for s in steps
+                ],
+                "stats": {
+                    k: [
+                        [cells[s][side][k] if s in cells else None for s in steps]
+                        for side in (1, 2)
+                    ]
+                    for k in ("mean", "std", "min", "max")
+                },
+            }
         )
-        rows.append(f"<tr{style}{anchor}><th>{html.escape(key)}</th>{cells}</tr>")
-    headline = (
-        "No divergence."
-        if first is None
-        else (
-            f"<a href='#first'>First divergence</a>: step {first['step']}, "
-            f"module <b>{html.escape(first['module'])}</b>, "
-            f"{html.escape(first['tensor'])}, {first['statistic']}: baseline {first['baseline']:.9g}, candidate "
-            f"{first['candidate']:.9g}."
-        )
-    )
-    doc = f"""<!doctype html><html><head><meta charset='utf-8'><title>graphtrain-stats compare</title>
-<style>body{{font-family:sans-serif;margin:20px}} td,th{{padding:4px;vertical-align:top;font-size:12px}}
-th{{text-align:left;max-width:260px;word-break:break-all}}</style></head><body>
-<h2>graphtrain-stats compare</h2><p>baseline <code>{html.escape(baseline)}</code> (blue, solid) vs candidate
-<code>{html.escape(candidate)}</code> (orange, dashed); rtol {rtol}, atol {atol}.</p><p>{headline}</p>
-<table>{"".join(rows)}</table></body></html>"""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(doc)
-    os.replace(tmp, path)
+    marked = None
+    if first is not None:
+        index = next(i for i, r in enumerate(ordered) if r["tensor"] == first["key"])
+        marked = {"row": index, "step": first["step"]}
+    _report.write(path, out, steps, marked, headline, baseline, candidate, tolerance)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,14 +274,44 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="find the first divergence between two runs")
     c.add_argument("--baseline", "--pt_dir", required=True)
     c.add_argument("--candidate", "--ort_dir", required=True)
-    c.add_argument("--rtol", type=float, default=1e-4)
-    c.add_argument("--atol", type=float, default=1e-6)
+    defaults = Tolerance()
+    c.add_argument(
+        "--tolerance",
+        type=float,
+        default=defaults.value,
+        help="differences of mean, std, min, max and sampled values, relative to the tensor's "
+        "scale (RMS or max-abs)",
+    )
+    c.add_argument(
+        "--cosine-tolerance",
+        type=float,
+        default=defaults.cosine,
+        help="1 - cosine similarity of the sampled values",
+    )
+    c.add_argument(
+        "--count-tolerance",
+        type=float,
+        default=defaults.count,
+        help="sign and zero count differences, as a fraction of the elements (at least one)",
+    )
+    c.add_argument(
+        "--floor",
+        type=float,
+        default=defaults.floor,
+        help="least scale of a tensor, relative to the largest RMS of the step's tensors of its "
+        "direction (below it: rounding residue)",
+    )
     c.add_argument("--html", help="write a self-contained HTML report here")
+    t = sub.add_parser("text", help="render the text files of dumps written with text=False")
+    t.add_argument("folder")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
             return merge(args.baseline, args.candidate, args.output, args.overwrite)
-        return compare(args.baseline, args.candidate, args.rtol, args.atol, args.html)
+        if args.command == "text":
+            return text(args.folder)
+        tol = Tolerance(args.tolerance, args.cosine_tolerance, args.count_tolerance, args.floor)
+        return compare(args.baseline, args.candidate, tol, args.html)
     except (BadInput, OSError) as e:
         print(f"graphtrain-stats: error: {e}", file=sys.stderr)
         return 2

@@ -25,12 +25,15 @@ struct TensorStats {
   double min = 0, max = 0, mean = 0, std = 0;
   int64_t nan_count = 0, inf_count = 0;
   int64_t negative = 0, positive = 0, zero = 0;
-  std::vector<double> first;  // the first values, in order (up to `first_values`)
+  std::vector<double> first;   // the first values, in order (up to `first_values`)
+  std::vector<double> sample;  // up to `sample_values` values spread evenly over all elements
 };
 
-// `bucket_size` elements form one bucket (the unit of work of one thread).
+// `bucket_size` elements form one bucket (the unit of work of one thread). The sample takes the
+// elements at i * count / k for i < k = min(count, sample_values): all of them in a small tensor.
 TensorStats compute_stats(const Tensor& t, int64_t bucket_size = int64_t{1} << 29,
-                          size_t first_values = 128, ThreadPool* pool = nullptr);
+                          size_t first_values = 128, size_t sample_values = 0,
+                          ThreadPool* pool = nullptr);
 
 // The statistics as the text of a dump file: "name: value" lines.
 std::string format_stats(const TensorStats& s, const std::string& name);

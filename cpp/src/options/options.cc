@@ -111,6 +111,17 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "(distributed)."),
       spec("print_memory_stats", T::kBool, "0", "GRAPHTRAIN_PRINT_MEMORY_STATS",
            "Log the planned and peak memory of each execution plan at INFO (runtime)."),
+      spec("disable", T::kBool, "0", "GRAPHTRAIN_DISABLE",
+           "Every GraphModule runs its module in plain PyTorch, a pass-through: the baseline run "
+           "of a comparison, with no code change (GraphModule)."),
+      spec("stats_dir", T::kPath, "", "GRAPHTRAIN_STATS_DIR",
+           "Dump statistics of every GraphModule's module outputs, their gradients and the "
+           "parameter gradients into this new folder (binary only; graphtrain-stats text renders "
+           "the text files), pass-through included (statistics)."),
+      spec("stats_steps", T::kInt, "0", "GRAPHTRAIN_STATS_STEPS",
+           "With GRAPHTRAIN_STATS_DIR, dump the first N steps only; 0 dumps every step "
+           "(statistics).",
+           {}, 0, int64_t{1} << 40),
       spec("profile", T::kPath, "", "GRAPHTRAIN_PROFILE",
            "Record every kernel run (op, node, module, input shapes) and write a Chrome trace "
            "to this .json file at exit; graphtrain.profile_summary() prints time by op and by "

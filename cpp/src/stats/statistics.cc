@@ -164,7 +164,7 @@ std::string number(double v) {
 }  // namespace
 
 TensorStats compute_stats(const Tensor& t, int64_t bucket_size, size_t first_values,
-                          ThreadPool* pool) {
+                          size_t sample_values, ThreadPool* pool) {
   if (bucket_size < 1)
     throw Error(str_cat("statistics: bucket size must be positive, got ", bucket_size));
   TensorStats s;
@@ -201,6 +201,8 @@ TensorStats compute_stats(const Tensor& t, int64_t bucket_size, size_t first_val
   s.std = total.n > 1 ? std::sqrt(total.m2 / static_cast<double>(total.n - 1)) : nan;
   int64_t k = std::min<int64_t>(s.count, static_cast<int64_t>(first_values));
   for (int64_t i = 0; i < k; ++i) s.first.push_back(t.as_double(i));
+  k = std::min<int64_t>(s.count, static_cast<int64_t>(sample_values));
+  for (int64_t i = 0; i < k; ++i) s.sample.push_back(t.as_double(i * s.count / k));
   return s;
 }
 

@@ -1,11 +1,15 @@
 """StatisticsSubscriber: dumps the statistics of every module's outputs (forward) and their
-gradients (backward), step by step, in the layout of ONNX Runtime's statistics tool:
+gradients (backward), and optionally of every parameter's gradient, step by step, in the layout of
+ONNX Runtime's statistics tool:
 
     OUT/[rank_R/]step_N/order.txt                         names in the order they were dumped
     OUT/[rank_R/]step_N/{Class}_{index}_{k}th_output_forward    one text file per tensor
     OUT/[rank_R/]step_N/{Class}_{index}_{k}th_output_backward
+    OUT/[rank_R/]step_N/{parameter path}_gradient         with parameter_gradients=True
     OUT/[rank_R/]step_N/statistics.bin                    the same numbers, full precision
 
+With text=False only order.txt and statistics.bin are written; `graphtrain-stats text OUT`
+renders the text files from them, byte for byte as they would have been written.
 Statistics come from graphtrain's C++ (one pass, pooled across buckets, bounded memory).
 """
 
@@ -16,6 +20,7 @@ import shutil
 import struct
 import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -25,8 +30,13 @@ from .. import _C, _callbacks
 from ..log import log_once
 from ._subscriber import RunContext, SubscriberBase
 
-# statistics.bin: records of  name length (uint32), name (utf-8), module path length (uint32),
-# module path (utf-8), then the fields below (float64).
+# statistics.bin starts with SIDECAR_MAGIC, then one record per dumped tensor:
+#   name, module path, dtype: each a uint32 length and utf-8 bytes;
+#   shape: uint32 rank, int64 sizes;  SIDECAR_FIELDS: float64 each;
+#   the first values (as in the text file) and the sample (values spread evenly over the tensor,
+#   for comparing element by element): each a uint32 count and float64 values.
+# Files without the magic are the first format: name, module, SIDECAR_FIELDS only.
+SIDECAR_MAGIC = b"GTSTATS\x02"
 SIDECAR_FIELDS = (
     "count",
     "finite",
@@ -40,6 +50,8 @@ SIDECAR_FIELDS = (
     "positive",
     "zero",
 )
+FIRST_VALUES = 128
+SAMPLE_VALUES = 256
 _active: list[StatisticsSubscriber] = []
 
 
@@ -50,8 +62,38 @@ def _rank_dir(root: str) -> str:
     return root
 
 
+def _packed(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<I", len(data)) + data
+
+
+def _values(values: list[float]) -> bytes:
+    return struct.pack(f"<I{len(values)}d", len(values), *values)
+
+
+def sidecar_record(name: str, module_path: str, stats: dict[str, Any]) -> bytes:
+    """One statistics.bin record of `stats` (from _C.tensor_stats)."""
+    shape = stats["shape"]
+    return b"".join(
+        (
+            _packed(name),
+            _packed(module_path),
+            _packed(stats["dtype"]),
+            struct.pack(f"<I{len(shape)}q", len(shape), *shape),
+            struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)),
+            _values(stats["first"]),
+            _values(stats["sample"]),
+        )
+    )
+
+
 class StatisticsSubscriber(SubscriberBase):
     """Dumps module output statistics to `output_dir` for steps in [start_step, end_step).
+
+    parameter_gradients=True also dumps every parameter's gradient once backward has accumulated
+    it (`{parameter path}_gradient`, with the step of the forward that led to it). text=False
+    writes only the binary sidecar (and order.txt): cheaper; `graphtrain-stats text` renders the
+    text files later.
 
     An existing output_dir raises unless override_output_dir (which empties it); an unwritable one
     raises now, not at step 40. With torch.distributed initialized, each rank owns (checks,
@@ -65,6 +107,8 @@ class StatisticsSubscriber(SubscriberBase):
         end_step: int | None = None,
         override_output_dir: bool = False,
         bucket_size: int = 1 << 29,
+        parameter_gradients: bool = False,
+        text: bool = True,
     ) -> None:
         super().__init__(start_step, end_step)
         if bucket_size < 1:
@@ -86,8 +130,12 @@ class StatisticsSubscriber(SubscriberBase):
             raise PermissionError(f"cannot write statistics to '{output_dir}': {e.strerror}") from e
         self.output_dir = output_dir
         self.bucket_size = bucket_size
+        self.parameter_gradients = parameter_gradients
+        self.text = text
         self._lock = threading.Lock()
         self._open: dict[str, tuple[Any, Any]] = {}
+        self._forward_step = 0  # the step of the last forward: parameter gradients belong to it
+        self._watched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         _active.append(self)
 
     def post_forward_tensor_apply_impl(
@@ -114,6 +162,26 @@ class StatisticsSubscriber(SubscriberBase):
                 )
         return args, outputs
 
+    def post_forward_outmost_module_apply_impl(
+        self, ctx: RunContext, module: torch.nn.Module, args: Any, outputs: Any
+    ) -> tuple[Any, Any]:
+        self._forward_step = ctx.step
+        if self.parameter_gradients and module not in self._watched:
+            self._watched.add(module)
+            for path, param in module.named_parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(self._gradient_hook(path))
+        return args, outputs
+
+    def _gradient_hook(self, path: str) -> Any:
+        owner = path.rpartition(".")[0]
+
+        def hook(param: torch.Tensor) -> None:
+            if param.grad is not None and self.active(self._forward_step):
+                self.dump(self._forward_step, f"{path}_gradient", param.grad, owner)
+
+        return hook
+
     def dump(self, step: int, name: str, tensor: torch.Tensor, module_path: str = "") -> None:
         if not isinstance(tensor, torch.Tensor):
             log_once(
@@ -127,20 +195,16 @@ class StatisticsSubscriber(SubscriberBase):
             data = data.cpu()
         if not data.is_contiguous():
             data = data.contiguous()
-        stats = _C.tensor_stats(data, self.bucket_size, 128, name)
-        folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
-        encoded, where = name.encode(), module_path.encode()
-        record = (
-            struct.pack("<I", len(encoded))
-            + encoded
-            + struct.pack("<I", len(where))
-            + where
-            + struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS))
+        stats = _C.tensor_stats(
+            data, self.bucket_size, FIRST_VALUES, name if self.text else "", SAMPLE_VALUES
         )
+        folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
+        record = sidecar_record(name, module_path, stats)
         with self._lock:
             order, sidecar = self._step_files(folder)
-            with open(os.path.join(folder, name), "w") as f:
-                f.write(f"module: {module_path}\n" + stats["text"])
+            if self.text:
+                with open(os.path.join(folder, name), "w") as f:
+                    f.write(text_file(module_path, stats["text"]))
             # One write each, flushed at once: a reader (or a crash) sees whole records.
             order.write(name + "\n")
             order.flush()
@@ -153,10 +217,10 @@ class StatisticsSubscriber(SubscriberBase):
         files = self._open.get(folder)
         if files is None:
             os.makedirs(folder, exist_ok=True)
-            files = (
-                open(os.path.join(folder, "order.txt"), "a"),
-                open(os.path.join(folder, "statistics.bin"), "ab"),
-            )
+            sidecar = open(os.path.join(folder, "statistics.bin"), "ab")
+            if sidecar.tell() == 0:
+                sidecar.write(SIDECAR_MAGIC)
+            files = (open(os.path.join(folder, "order.txt"), "a"), sidecar)
             self._open[folder] = files
             while len(self._open) > 3:
                 for f in self._open.pop(next(iter(self._open))):
@@ -164,26 +228,93 @@ class StatisticsSubscriber(SubscriberBase):
         return files
 
 
+_from_options: tuple[Any, StatisticsSubscriber] | None = None
+
+
+def subscribe_from_options(module: torch.nn.Module) -> None:
+    """GRAPHTRAIN_STATS_DIR / GRAPHTRAIN_STATS_STEPS: one StatisticsSubscriber for the process
+    (parameter gradients, binary only), subscribed to `module` (each GraphModule's model)."""
+    global _from_options
+    from .._options import options
+    from ._subscriber import SubscriberManager
+
+    if _from_options is None:
+        opts = options()
+        folder, steps = opts["stats_dir"].value, opts["stats_steps"].value
+        mine = _rank_dir(folder)
+        if os.path.isdir(mine) and os.listdir(mine):
+            raise FileExistsError(
+                f"GRAPHTRAIN_STATS_DIR: '{mine}' already holds files; choose a new folder (or "
+                "remove it) for this run's statistics"
+            )
+        sub = StatisticsSubscriber(
+            folder,
+            end_step=steps or None,
+            override_output_dir=True,
+            parameter_gradients=True,
+            text=False,
+        )
+        _from_options = (SubscriberManager(), sub)
+    manager, sub = _from_options
+    manager.subscribe(module, [sub])
+
+
+def text_file(module_path: str, text: str) -> str:
+    """The content of a tensor's text dump file."""
+    return f"module: {module_path}\n" + text
+
+
 def read_sidecar(path: str) -> dict[str, dict[str, Any]]:
-    """The records of a statistics.bin file: name -> field -> value (and "module" -> path). A last
-    record cut short (a run killed while writing it) is left out."""
+    """The records of a statistics.bin file: name -> field -> value, plus "module" (its path),
+    "dtype", "shape", "first" and "sample" (None, None, [], [] in files of the first format). A
+    last record cut short (a run killed while writing it) is left out."""
     out: dict[str, dict[str, Any]] = {}
     data = open(path, "rb").read()
-    at, width = 0, 8 * len(SIDECAR_FIELDS)
+    current = data.startswith(SIDECAR_MAGIC)
+    at = len(SIDECAR_MAGIC) if current else 0
+
+    def text() -> str:
+        nonlocal at
+        (n,) = struct.unpack_from("<I", data, at)
+        if at + 4 + n > len(data):
+            raise struct.error("cut short")
+        at += 4 + n
+        return data[at - n : at].decode()
+
+    def numbers(code: str) -> list[Any]:
+        nonlocal at
+        (n,) = struct.unpack_from("<I", data, at)
+        values = struct.unpack_from(f"<{n}{code}", data, at + 4)
+        at += 4 + struct.calcsize(f"<{n}{code}")
+        return list(values)
+
     try:
         while at < len(data):
-            (n,) = struct.unpack_from("<I", data, at)
-            name = data[at + 4 : at + 4 + n].decode()
-            at += 4 + n
-            (m,) = struct.unpack_from("<I", data, at)
-            module = data[at + 4 : at + 4 + m].decode()
-            at += 4 + m
+            name, module = text(), text()
+            record: dict[str, Any] = {"module": module, "dtype": None, "shape": None}
+            if current:
+                record["dtype"] = text()
+                record["shape"] = numbers("q")
             values = struct.unpack_from(f"<{len(SIDECAR_FIELDS)}d", data, at)
-            out[name] = {"module": module, **dict(zip(SIDECAR_FIELDS, values))}
-            at += width
+            at += 8 * len(SIDECAR_FIELDS)
+            record.update(zip(SIDECAR_FIELDS, values))
+            record["first"] = numbers("d") if current else []
+            record["sample"] = numbers("d") if current else []
+            out[name] = record
     except (struct.error, UnicodeDecodeError):
         pass
     return out
+
+
+def render_text(record: dict[str, Any], name: str) -> str:
+    """The text dump file of a statistics.bin record, as StatisticsSubscriber(text=True) writes it."""
+    if record["dtype"] is None:
+        raise ValueError(f"'{name}' comes from a statistics.bin of the first format (no text data)")
+    fields = [record[k] for k in SIDECAR_FIELDS if k != "finite"]
+    return text_file(
+        record["module"],
+        _C.format_stats(name, record["dtype"], record["shape"], fields, record["first"]),
+    )
 
 
 def _no_subscriber(name: str) -> RuntimeError:

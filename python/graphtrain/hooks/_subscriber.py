@@ -200,7 +200,7 @@ class SubscriberManager:
                 raise TypeError(f"{type(s).__name__} is not a SubscriberBase")
         global _generation
         _generation += 1
-        self._subscribers.extend(subscribers)
+        self._subscribers.extend(s for s in subscribers if s not in self._subscribers)
         for index, (name, sub) in enumerate(module.named_modules()):
             depth = 0 if name == "" else name.count(".") + 1
             entries = _subscriptions.get(sub)
