@@ -144,7 +144,8 @@ def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -
             ra, rb = _load(a, step), _load(b, step)
             where = f"{rank + '/' if rank else ''}step {step}"
             diverging, largest = 0, 0.0
-            previous: dict[str, Any] = {}  # direction -> the last verdict of a tensor (not a scalar)
+            # direction -> the verdict of the last tensor (not a scalar) of that direction
+            previous: dict[str, Any] = {}
             names = [n for n in _order(os.path.join(a, f"step_{step}")) if n in ra]
             for name in names:
                 if name not in rb:
