@@ -190,6 +190,12 @@ def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
             f"({', '.join(kwargs)}); graphtrain keeps Functions opaque only when called "
             "with positional arguments"
         )
+    return opaque_call(cls, args)
+
+
+def opaque_call(cls: type, args: tuple) -> Any:
+    """`cls.apply(*args)` as one PythonOp of the graph being captured (see the module doc)."""
+    name = func_name(cls)
     _functions[name] = cls
     key = str(next(_counter))
     notes = _notes.setdefault(key, {})

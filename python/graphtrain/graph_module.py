@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C, _cache, _fallback, custom_function
+from . import _C, _cache, _fallback, _islands, custom_function
 from ._callbacks import CallbackRun, recording
 from ._capture import Captured, capture, dynamic_dims
 from ._options import options
@@ -171,11 +172,19 @@ class GraphModule(torch.nn.Module):
     zero_grad and LR scheduler work unchanged, and `.grad` fills as in eager mode. Batch and
     sequence sizes are symbolic: changing them does not re-capture.
 
+    `eager_modules` (and GRAPHTRAIN_EAGER_MODULES) name submodules that run in plain PyTorch inside
+    the graph, eager islands (graphtrain/_islands.py): one that cannot be captured, or a suspect.
+
     Read at construction: GRAPHTRAIN_DISABLE=1 makes it a pass-through to `module` (the baseline
     run of a comparison), and GRAPHTRAIN_STATS_DIR subscribes a StatisticsSubscriber to `module`.
     """
 
-    def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        debug_options: DebugOptions | None = None,
+        eager_modules: Sequence[str] | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"GraphModule wraps an nn.Module, got {type(module).__name__}")
@@ -190,6 +199,19 @@ class GraphModule(torch.nn.Module):
         self._hooks_generation = -1
         opts = options()
         self._disabled = opts["disable"].value  # GRAPHTRAIN_DISABLE: a pass-through
+        explicit = _islands.parse(eager_modules)
+        _islands.check(module, explicit)
+        # GRAPHTRAIN_EAGER_MODULES applies to every GraphModule: each takes the paths it has.
+        names = dict(module.named_modules())
+        from_env = [p for p in _islands.parse(opts["eager_modules"].value) if p in names]
+        for p in set(_islands.parse(opts["eager_modules"].value)) - set(from_env):
+            log_once(
+                "WARNING",
+                f"GRAPHTRAIN_EAGER_MODULES: '{p}' is not a submodule of {type(module).__name__}; "
+                "ignored for it (paths as in model.named_modules())",
+                key=("eager-modules", p, type(module).__name__),
+            )
+        self.eager_modules = _islands.parse([*explicit, *from_env])
         if opts["stats_dir"].value:
             subscribe_from_options(module)
 
@@ -213,7 +235,10 @@ class GraphModule(torch.nn.Module):
             self._runners.move_to_end(key)
         else:
             try:
-                runner = self._capture(flat, spec, (schema, hooks) if hooks else schema)
+                key_schema = (schema, hooks) if hooks else schema
+                if self.eager_modules:
+                    key_schema = (key_schema, ("eager", self.eager_modules))
+                runner = self._capture(flat, spec, key_schema)
             except UnsupportedModelError as e:
                 if options()["fallback_policy"].value == "EAGER":
                     log_once(
@@ -300,7 +325,7 @@ class GraphModule(torch.nn.Module):
                 flat,
                 spec,
                 f"{type(self.module).__name__}_{label}",
-                contexts=CAPTURE_CONTEXTS,
+                contexts=(*CAPTURE_CONTEXTS, lambda m: _islands.islands(m, self.eager_modules)),
                 fallback=options()["fallback_policy"].value == "ATEN",
             )
             self.captures += 1

@@ -111,6 +111,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "(distributed)."),
       spec("print_memory_stats", T::kBool, "0", "GRAPHTRAIN_PRINT_MEMORY_STATS",
            "Log the planned and peak memory of each execution plan at INFO (runtime)."),
+      spec("eager_modules", T::kString, "", "GRAPHTRAIN_EAGER_MODULES",
+           "Comma-separated submodule paths (as in named_modules()) that run in plain PyTorch "
+           "inside every GraphModule's graph, eager islands; added to eager_modules= "
+           "(GraphModule)."),
       spec("disable", T::kBool, "0", "GRAPHTRAIN_DISABLE",
            "Every GraphModule runs its module in plain PyTorch, a pass-through: the baseline run "
            "of a comparison, with no code change (GraphModule)."),

@@ -147,8 +147,20 @@ def run_post(module: torch.nn.Module, args: Any, outputs: Any) -> Any:
     return outputs
 
 
+class hooks_suppressed:
+    """A block in which subscribed hooks do nothing (the shape-finding run of an eager island's
+    forward while its GraphModule captures: fake tensors, not a step)."""
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_state, "suppressed", False)
+        _state.suppressed = True
+
+    def __exit__(self, *exc: object) -> None:
+        _state.suppressed = self._previous
+
+
 def _pre_hook(module: torch.nn.Module, args: Any, kwargs: dict) -> Any:
-    if not _subscriptions.get(module):
+    if not _subscriptions.get(module) or getattr(_state, "suppressed", False):
         return None
     if capturing():
         path = _capture_path(module)
@@ -157,7 +169,7 @@ def _pre_hook(module: torch.nn.Module, args: Any, kwargs: dict) -> Any:
 
 
 def _post_hook(module: torch.nn.Module, args: Any, kwargs: dict, outputs: Any) -> Any:
-    if not _subscriptions.get(module):
+    if not _subscriptions.get(module) or getattr(_state, "suppressed", False):
         return None
     if capturing():
         path = _capture_path(module)

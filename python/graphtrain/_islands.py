@@ -1,0 +1,158 @@
+"""Eager islands: named submodules of a GraphModule's model that run in PyTorch inside its graph.
+
+At capture, each island's forward is replaced by a call of `EagerIsland`, a torch.autograd.Function
+kept opaque as a PythonOp node (custom_function.py): at run time the node calls the submodule
+itself on torch tensors sharing the engine's memory, with torch autograd recording it, and its
+backward runs torch autograd through that call (the island's parameters accumulate `.grad` there,
+as in eager mode). Everything else stays in the engine. A submodule that torch.export cannot
+capture can so run eager while the rest is captured; `graphtrain-stats bisect` uses islands to find
+the module whose graph execution makes a run diverge.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import _callbacks, custom_function
+from ._structure import leaf_from_json, leaf_to_json
+from .errors import UnsupportedModelError
+from .hooks._subscriber import hooks_suppressed
+
+_local = threading.local()
+_TENSOR = object()  # where a tensor goes among an island's outputs
+
+
+def parse(names: Iterable[str] | str | None) -> tuple[str, ...]:
+    """Island paths from a list or a comma-separated string (GRAPHTRAIN_EAGER_MODULES)."""
+    if names is None:
+        return ()
+    if isinstance(names, str):
+        names = names.split(",")
+    return tuple(sorted({n.strip() for n in names if n.strip()}))
+
+
+def check(root: torch.nn.Module, paths: tuple[str, ...]) -> None:
+    """A clear error for a path that names no submodule of `root`."""
+    known = dict(root.named_modules())
+    for p in paths:
+        if p not in known or p == "":
+            close = [n for n in known if n and n.endswith(p.rsplit(".", 1)[-1])][:5]
+            raise ValueError(
+                f"eager module '{p}' is not a submodule of {type(root).__name__}"
+                + (f"; modules with that last name: {', '.join(close)}" if close else "")
+                + " (eager_modules= / GRAPHTRAIN_EAGER_MODULES take paths from named_modules())"
+            )
+
+
+def _forward(path: str) -> Any:
+    """The island's own forward, without its hooks (they are Hook nodes around its PythonOp; its
+    submodules' hooks run eagerly inside it): the saved one while capturing, else the module's."""
+    originals = getattr(_local, "originals", None)
+    if originals is not None:  # capturing: the shapes-only run on fake tensors
+        return originals[path]
+    run = _callbacks.current_run()
+    return (run.module.get_submodule(path) if path else run.module).forward
+
+
+class EagerIsland(torch.autograd.Function):
+    """forward(path, spec, constants, *tensors): calls the submodule at `path` with the arguments
+    rebuilt from the pytree spec, the JSON constants and the tensors; returns its tensor outputs."""
+
+    @staticmethod
+    def forward(ctx: Any, path: str, spec: str, constants: str, *tensors: torch.Tensor) -> Any:
+        needs = ctx.needs_input_grad[3:]
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() if need else t for t, need in zip(tensors, needs)]
+            args, kwargs = _rebuild(spec, constants, leaves)
+            if getattr(_local, "originals", None) is not None:
+                with hooks_suppressed():
+                    out = _forward(path)(*args, **kwargs)
+            else:
+                out = _forward(path)(*args, **kwargs)
+        flat, out_spec = pytree.tree_flatten(out)
+        outs = [o for o in flat if isinstance(o, torch.Tensor)]
+        if not outs:
+            raise UnsupportedModelError(
+                f"eager module '{path}' returns no tensor ({type(out).__name__}); an eager "
+                "island must return at least one tensor"
+            )
+        # Non-tensor parts (None, ints) are the same at every call: kept from the capture's run.
+        _local.out_spec = (out_spec, [_TENSOR if isinstance(o, torch.Tensor) else o for o in flat])
+        ctx.leaves, ctx.outs = leaves, outs
+        ctx.needs = needs
+        return tuple(o.detach() for o in outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads) if g is not None and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        dx = [
+            (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)) if need else None
+            for leaf, need in zip(ctx.leaves, ctx.needs)
+        ]
+        return (None, None, None, *dx)
+
+
+def _rebuild(spec: str, constants: str, tensors: list[torch.Tensor]) -> Any:
+    it_t, it_c = iter(tensors), iter(json.loads(constants))
+    leaves = [
+        next(it_t) if c == "tensor" else leaf_from_json(next(it_c))
+        for c in json.loads(spec)["kinds"]
+    ]
+    return pytree.tree_unflatten(leaves, pytree.treespec_loads(json.loads(spec)["tree"]))
+
+
+def _call(path: str, args: tuple, kwargs: dict) -> Any:
+    leaves, tree = pytree.tree_flatten((args, kwargs))
+    kinds, tensors, constants = [], [], []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            kinds.append("tensor")
+            tensors.append(leaf)
+        else:
+            try:
+                constants.append(leaf_to_json(leaf))
+            except TypeError:
+                raise UnsupportedModelError(
+                    f"eager module '{path}' is called with a {type(leaf).__name__} argument, "
+                    "which an eager island cannot pass; islands take tensors and plain constants"
+                ) from None
+            kinds.append("constant")
+    spec = json.dumps({"kinds": kinds, "tree": pytree.treespec_dumps(tree)})
+    outs = custom_function.opaque_call(EagerIsland, (path, spec, json.dumps(constants), *tensors))
+    it = iter([outs] if isinstance(outs, torch.Tensor) else outs)
+    out_spec, others = _local.out_spec
+    return pytree.tree_unflatten([next(it) if o is _TENSOR else o for o in others], out_spec)
+
+
+class islands:
+    """While GraphModule captures `root`: the submodules at `paths` are called through
+    EagerIsland (their forwards replaced on the instances, restored after)."""
+
+    def __init__(self, root: torch.nn.Module, paths: tuple[str, ...]) -> None:
+        self.root, self.paths = root, paths
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_local, "originals", None)
+        _local.originals = {}
+        self._saved = []
+        for path in self.paths:
+            module = self.root.get_submodule(path)
+            self._saved.append((module, module.__dict__.get("forward")))
+            _local.originals[path] = module.forward
+            module.forward = lambda *a, _p=path, **k: _call(_p, a, k)
+
+    def __exit__(self, *exc: object) -> None:
+        for module, forward in self._saved:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+        _local.originals = self._previous
