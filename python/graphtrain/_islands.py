@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.nn.utils.stateless import _reparametrize_module as reparametrized
 from torch.utils import _pytree as pytree
 
 from . import _callbacks, custom_function
@@ -38,9 +39,15 @@ def parse(names: Iterable[str] | str | None) -> tuple[str, ...]:
 
 
 def check(root: torch.nn.Module, paths: tuple[str, ...]) -> None:
-    """A clear error for a path that names no submodule of `root`."""
+    """A clear error for a path that names no submodule of `root`, or a container (ModuleList,
+    ModuleDict) that is never called itself."""
     known = dict(root.named_modules())
     for p in paths:
+        if p in known and type(known[p]).forward is torch.nn.Module.forward:
+            raise ValueError(
+                f"eager module '{p}' is a {type(known[p]).__name__}, which has no forward of its "
+                "own: name the submodules in it that are called"
+            )
         if p not in known or p == "":
             close = [n for n in known if n and n.endswith(p.rsplit(".", 1)[-1])][:5]
             raise ValueError(
@@ -50,31 +57,40 @@ def check(root: torch.nn.Module, paths: tuple[str, ...]) -> None:
             )
 
 
-def _forward(path: str) -> Any:
+def _forward(path: str) -> tuple[Any, torch.nn.Module]:
     """The island's own forward, without its hooks (they are Hook nodes around its PythonOp; its
-    submodules' hooks run eagerly inside it): the saved one while capturing, else the module's."""
+    submodules' hooks run eagerly inside it), and the module: while capturing the saved forward,
+    else the module's."""
     originals = getattr(_local, "originals", None)
     if originals is not None:  # capturing: the shapes-only run on fake tensors
         return originals[path]
     run = _callbacks.current_run()
-    return (run.module.get_submodule(path) if path else run.module).forward
+    module = run.module.get_submodule(path) if path else run.module
+    return module.forward, module
 
 
 class EagerIsland(torch.autograd.Function):
     """forward(path, spec, constants, *tensors): calls the submodule at `path` with the arguments
-    rebuilt from the pytree spec, the JSON constants and the tensors; returns its tensor outputs."""
+    rebuilt from the pytree spec, the JSON constants and the tensors, and with its trainable
+    parameters replaced by the last tensors (named in the spec); returns its tensor outputs. The
+    parameters are inputs of the node so that the graph knows the island reads them: their
+    gradients come back through the engine to torch, like every other parameter's."""
 
     @staticmethod
     def forward(ctx: Any, path: str, spec: str, constants: str, *tensors: torch.Tensor) -> Any:
         needs = ctx.needs_input_grad[3:]
+        names = json.loads(spec)["params"]
+        cut = len(tensors) - len(names)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() if need else t for t, need in zip(tensors, needs)]
-            args, kwargs = _rebuild(spec, constants, leaves)
-            if getattr(_local, "originals", None) is not None:
-                with hooks_suppressed():
-                    out = _forward(path)(*args, **kwargs)
-            else:
-                out = _forward(path)(*args, **kwargs)
+            args, kwargs = _rebuild(spec, constants, leaves[:cut])
+            forward, module = _forward(path)
+            with reparametrized(module, dict(zip(names, leaves[cut:])), tie_weights=True):
+                if getattr(_local, "originals", None) is not None:
+                    with hooks_suppressed():
+                        out = forward(*args, **kwargs)
+                else:
+                    out = forward(*args, **kwargs)
         flat, out_spec = pytree.tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor)]
         if not outs:
@@ -125,7 +141,12 @@ def _call(path: str, args: tuple, kwargs: dict) -> Any:
                     "which an eager island cannot pass; islands take tensors and plain constants"
                 ) from None
             kinds.append("constant")
-    spec = json.dumps({"kinds": kinds, "tree": pytree.treespec_dumps(tree)})
+    module = _local.originals[path][1]
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    spec = json.dumps(
+        {"kinds": kinds, "tree": pytree.treespec_dumps(tree), "params": [n for n, _ in params]}
+    )
+    tensors += [p for _, p in params]
     outs = custom_function.opaque_call(EagerIsland, (path, spec, json.dumps(constants), *tensors))
     it = iter([outs] if isinstance(outs, torch.Tensor) else outs)
     out_spec, others = _local.out_spec
@@ -146,7 +167,7 @@ class islands:
         for path in self.paths:
             module = self.root.get_submodule(path)
             self._saved.append((module, module.__dict__.get("forward")))
-            _local.originals[path] = module.forward
+            _local.originals[path] = (module.forward, module)
             module.forward = lambda *a, _p=path, **k: _call(_p, a, k)
 
     def __exit__(self, *exc: object) -> None:

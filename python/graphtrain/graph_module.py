@@ -64,7 +64,8 @@ class _Runner:
             self.n_stash = len(info["stashed"])
         model.optimize(f"{label} inference")  # after autodiff: it read the captured graph
         self.infer = Session(model)
-        if debug.save_onnx:  # the graphs as they run
+        # the graphs as they run: DebugOptions(save_onnx=True), or GRAPHTRAIN_SAVE_ONNX_PATH
+        if debug.save_onnx or options()["save_onnx_path"].value:
             graphs = {"forward": model}
             if self.forward is not None:
                 graphs.update(training_forward=fwd, training_backward=bwd)
@@ -76,7 +77,7 @@ class _Runner:
         folder = debug.save_path or options()["save_onnx_path"].value or "."
         os.makedirs(folder, exist_ok=True)
         for kind, m in models.items():
-            path = os.path.join(folder, f"{debug.onnx_prefix}_{label}_{kind}.onnx")
+            path = os.path.join(folder, f"{debug.onnx_prefix or 'graph'}_{label}_{kind}.onnx")
             m.save(path)
             log("INFO", f"saved the {kind} graph to {path}")
 

@@ -5,9 +5,11 @@
                              [--floor 1e-4]
     graphtrain-stats merge   --baseline A --candidate B --output C [--overwrite]
     graphtrain-stats text    DIR
+    graphtrain-stats bisect  [--steps N] [--max-runs R] [--out DIR] -- COMMAND ...
 
 Also `python -m graphtrain.stats ...`. compare exits 0 when the runs agree, 1 at a divergence,
-2 on bad input. Its tolerance model is described in graphtrain/_divergence.py.
+2 on bad input; bisect 0 (no divergence), 1 (cause named), 3 (not isolated), 2 (bad
+input). The tolerance model: graphtrain/_divergence.py; bisect: graphtrain/_bisect.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import shutil
 import sys
 from typing import Any
 
-from . import _report
+from . import _bisect, _report
 from ._divergence import Tolerance, direction, judge
 from .hooks._statistics import read_sidecar, render_text
 
@@ -129,7 +131,9 @@ def text(folder: str) -> int:
     return 0
 
 
-def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -> int:
+def _analyse(baseline: str, candidate: str, tol: Tolerance, say: Any = print) -> dict[str, Any]:
+    """Scores every tensor of every step: the report's rows, the steps, the first divergence
+    (None when there is none), the largest jump and a summary line per step."""
     first: dict[str, Any] | None = None
     jump: tuple[float, dict[str, Any]] | None = None
     rows: dict[str, dict[str, Any]] = {}  # key -> report row, in dump order
@@ -149,7 +153,7 @@ def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -
             names = [n for n in _order(os.path.join(a, f"step_{step}")) if n in ra]
             for name in names:
                 if name not in rb:
-                    print(f"{where}: '{name}' is missing in the candidate run")
+                    say(f"{where}: '{name}' is missing in the candidate run")
             for name, verdict in judge([n for n in names if n in rb], ra, rb, tol):
                 key = f"{rank}/{name}" if rank else name
                 row = rows.setdefault(
@@ -184,23 +188,31 @@ def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -
                 if ra[name]["count"] > 1:
                     previous[direction(name)] = verdict
             summary.append((where, diverging, len(ra), largest))
-    for where, diverging, total, largest in summary:
+    return {"rows": rows, "steps": all_steps, "first": first, "jump": jump, "summary": summary}
+
+
+def _headline(first: dict[str, Any] | None, tolerance: str) -> str:
+    if first is None:
+        return f"no divergence ({tolerance})"
+    v = first["verdict"]
+    rank = f"{first['rank']}, " if first["rank"] else ""
+    return (
+        f"first divergence: {rank}step {first['step']}, module '{first['module']}', tensor "
+        f"{_label(first['tensor'])}, {direction(first['tensor'])}, {v.statistic}: baseline "
+        f"{v.baseline:.9g}, candidate {v.candidate:.9g} (score {v.score:.3g}, 1 is the tolerance)"
+    )
+
+
+def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -> int:
+    found = _analyse(baseline, candidate, tol)
+    first, jump = found["first"], found["jump"]
+    for where, diverging, total, largest in found["summary"]:
         print(f"{where}: {diverging} of {total} tensors differ (largest score {largest:.3g})")
     tolerance = (
         f"tolerance: value {tol.value:g} of the tensor's scale, cosine {tol.cosine:g}, "
         f"counts {tol.count:g} of the elements, floor {tol.floor:g}"
     )
-    if first is None:
-        headline = f"no divergence ({tolerance})"
-    else:
-        v = first["verdict"]
-        rank = f"{first['rank']}, " if first["rank"] else ""
-        headline = (
-            f"first divergence: {rank}step {first['step']}, module '{first['module']}', tensor "
-            f"{_label(first['tensor'])}, {direction(first['tensor'])}, {v.statistic}: baseline "
-            f"{v.baseline:.9g}, candidate {v.candidate:.9g} (score {v.score:.3g}, 1 is the "
-            "tolerance)"
-        )
+    headline = _headline(first, tolerance)
     print(headline)
     if jump is not None:
         j = jump[1]
@@ -210,7 +222,9 @@ def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -
             "the tensor of its direction dumped before it"
         )
     if report:
-        _write_report(report, rows, all_steps, first, headline, baseline, candidate, tolerance)
+        _write_report(
+            report, found["rows"], found["steps"], first, headline, baseline, candidate, tolerance
+        )
         print(f"report written to {report}")
     return 0 if first is None else 1
 
@@ -305,12 +319,26 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--html", help="write a self-contained HTML report here")
     t = sub.add_parser("text", help="render the text files of dumps written with text=False")
     t.add_argument("folder")
+    b = sub.add_parser(
+        "bisect",
+        help="run a training command as baseline and candidate and name the pass or module "
+        "that makes them diverge",
+        description=_bisect.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("--steps", type=int, default=5, help="steps dumped per run (default 5)")
+    b.add_argument("--max-runs", type=int, default=24, help="most runs of the command")
+    b.add_argument("--out", default="bisect_out", help="a new folder for every run's output")
+    b.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
             return merge(args.baseline, args.candidate, args.output, args.overwrite)
         if args.command == "text":
             return text(args.folder)
+        if args.command == "bisect":
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            return _bisect.main(cmd, args.steps, args.max_runs, args.out, Tolerance())
         tol = Tolerance(args.tolerance, args.cosine_tolerance, args.count_tolerance, args.floor)
         return compare(args.baseline, args.candidate, tol, args.html)
     except (BadInput, OSError) as e:

@@ -321,3 +321,52 @@ def test_run_switches_disable_and_stats_dir_need_no_code_change(tmp_path, capsys
     again = train("--steps", "1", stats_dir=tmp_path / "a")
     assert again.returncode != 0
     assert f"GRAPHTRAIN_STATS_DIR: '{tmp_path / 'a'}' already holds files" in again.stderr
+
+
+def bisect(tmp_path, *args, **env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "graphtrain.stats", "bisect", "--steps", "2"]
+        + ["--out", str(tmp_path / "out"), "--", sys.executable, TRAIN, "--steps", "2", *args],
+        env={**base, **{f"GRAPHTRAIN_{k.upper()}": str(v) for k, v in env.items()}},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_bisect_names_the_module_that_behaves_differently_when_captured(tmp_path):
+    code, out = bisect(tmp_path, "--captured-bug", "blocks.1.attn.proj")
+    assert code == 1, out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: cause: module 'blocks.1.attn.proj'"), out
+    assert "ops in its graph: " in verdict and "FusedMatMul" in verdict
+    assert "run 3: candidate, compute optimizer off: diverges" in out
+    runs = sorted(os.listdir(tmp_path / "out"))
+    assert runs[0] == "01-baseline" and runs[1] == "02-candidate"
+    assert all((tmp_path / "out" / r / "output.txt").exists() for r in runs)
+    assert (tmp_path / "out" / "02-candidate" / "dumps" / "step_1").is_dir()
+
+
+def test_bisect_names_a_pass_made_wrong_on_purpose(tmp_path):
+    code, out = bisect(tmp_path, test_break_pass="fuse_elementwise")
+    assert code == 1, out
+    assert "compute optimizer off: agrees with the baseline" in out
+    assert (
+        out.strip().splitlines()[-1].startswith("verdict: cause: graph pass 'fuse_elementwise'")
+    ), out
+
+
+def test_bisect_at_parity_and_on_bad_input(tmp_path):
+    code, out = bisect(tmp_path / "parity")
+    assert code == 0 and "verdict: no divergence over 2 steps" in out, out
+    code, out = bisect(tmp_path / "fails", "--fail")
+    assert code == 2 and "the command fails in the baseline run (exit 1)" in out, out
+    assert "training failed: no data" in out
+    code, out = bisect(tmp_path / "plain", "--no-wrap")
+    assert code == 2 and "the command wraps no GraphModule" in out, out
+    (tmp_path / "used" / "out").mkdir(parents=True)
+    (tmp_path / "used" / "out" / "x").write_text("")
+    code, out = bisect(tmp_path / "used")
+    assert code == 2 and "is not empty" in out, out

@@ -336,6 +336,14 @@ void bind_engine(nb::module_& m) {
       });
 
   m.def("supported_ops", [] { return registered_ops("cpu"); });
+  m.def(
+      "pass_names",
+      [] {
+        std::vector<std::string> names;
+        for (const Pass& p : pass_pipeline()) names.push_back(p.name);
+        return names;
+      },
+      "The graph passes, in the order they run.");
 
   // The kernel profiler (GRAPHTRAIN_PROFILE); graphtrain.profile_summary() formats its totals.
   m.def("profile_start", [] { Profiler::global().start(); });

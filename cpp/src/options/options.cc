@@ -126,6 +126,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "With GRAPHTRAIN_STATS_DIR, dump the first N steps only; 0 dumps every step "
            "(statistics).",
            {}, 0, int64_t{1} << 40),
+      spec("test_break_pass", T::kString, "", "GRAPHTRAIN_TEST_BREAK_PASS",
+           "TEST ONLY, never for training: after the named pass, the first node it created gives "
+           "a wrong result (its first output times 1.01), so tests can check that "
+           "graphtrain-stats bisect names the pass (passes)."),
       spec("profile", T::kPath, "", "GRAPHTRAIN_PROFILE",
            "Record every kernel run (op, node, module, input shapes) and write a Chrome trace "
            "to this .json file at exit; graphtrain.profile_summary() prints time by op and by "

@@ -1,6 +1,7 @@
 // The pipeline: every pass, in the order it runs, and the switches that turn passes off.
 #include <set>
 #include <string_view>
+#include <unordered_set>
 
 #include "graphtrain/error.h"
 #include "graphtrain/log.h"
@@ -55,15 +56,41 @@ std::set<std::string> disabled_passes() {
   return names;
 }
 
+// GRAPHTRAIN_TEST_BREAK_PASS (tests of graphtrain-stats bisect only): the first float value a
+// node created by the pass outputs is multiplied by 1.01, its readers and name kept.
+void break_on_purpose(Graph& graph, const std::unordered_set<const Node*>& before) {
+  for (Node* n : graph.topological_order()) {
+    if (before.count(n) || n->outputs().empty() || !n->output(0)) continue;
+    Value* v = n->output(0);
+    if (v->type.dtype != DType::kFloat32) continue;
+    Tensor scale = Tensor::empty(DType::kFloat32, {});
+    *scale.data<float>() = 1.01f;
+    Value* c = graph.add_initializer(graph.unique_name("test_break_scale"), scale);
+    Node* mul = graph.add_node("Mul", {c, c}, {""});
+    mul->scope = n->scope;
+    graph.move_output(v, mul, 0);
+    Value* unbroken = graph.set_node_output(n, 0, graph.unique_name(v->name() + "_unbroken"));
+    unbroken->type = v->type;
+    graph.replace_input(mul, 0, unbroken);
+    GT_WARNING("GRAPHTRAIN_TEST_BREAK_PASS: ", n->describe(), " now gives a wrong result");
+    return;
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label) {
   std::vector<std::pair<std::string, size_t>> ran;
   if (!Options::global().get_bool("enable_compute_optimizer")) return ran;
   std::set<std::string> off = disabled_passes();
+  std::string broken = Options::global().get_string("test_break_pass");
   for (const Pass& p : pass_pipeline()) {
     if (off.count(p.name)) continue;
+    std::unordered_set<const Node*> before;
+    if (p.name == broken)
+      for (Node* n : graph.nodes()) before.insert(n);
     size_t n = p.run(graph);
+    if (p.name == broken) break_on_purpose(graph, before);
     GT_DEVINFO(label, ": ", p.name, ": ", n, " rewrites");
     ran.emplace_back(p.name, n);
   }
