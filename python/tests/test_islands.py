@@ -105,3 +105,20 @@ def test_the_environment_variable_names_islands():
     assert run(*bug)[0] != pytest.approx(plain[0], rel=1e-5)
     islands = run(*bug, GRAPHTRAIN_EAGER_MODULES="blocks.1.attn, blocks.0.ln1")
     assert islands == pytest.approx(plain, rel=1e-5)
+
+
+def test_islands_whose_inputs_need_no_gradient_still_train_their_parameters():
+    # An Embedding reads integer ids only: its weight must still get its gradient, and a weight
+    # tied to another module (the GPT head) gets both parts.
+    base = models.build("gpt").train()
+    x = models.training_inputs("gpt", seed=0)
+    eager = copy.deepcopy(base)
+    eager(*x).backward()
+    for islands in (["tok"], ["pos"], ["tok", "head"]):
+        m = copy.deepcopy(base)
+        graphtrain.GraphModule(m, eager_modules=islands)(*x).backward()
+        for (name, p), q in zip(m.named_parameters(), eager.parameters()):
+            assert p.grad is not None, (islands, name)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="'blocks' is a ModuleList"):
+        graphtrain.GraphModule(copy.deepcopy(base), eager_modules=["blocks"])
