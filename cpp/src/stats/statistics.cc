@@ -139,23 +139,29 @@ inline d4 high4(f8 v) {
   return __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), d4);
 }
 
+// One pass: sums of d = x - x[0] and of d * d in double (shifted by the block's first value, so
+// the variance sum(d^2) - sum(d)^2 / n loses only ((x[0] - mean) / std)^2 of double's precision).
 bool finite_block_f32(const float* x, int64_t n, Moments& out) {
   const float inf = std::numeric_limits<float>::infinity();
-  d4 s0 = {}, s1 = {};
+  const double shift = x[0];
+  d4 s0 = {}, s1 = {}, q0 = {}, q1 = {};
   f8 lo = f8{} + inf, hi = f8{} - inf, zero = {};
   i8 neg = {}, pos = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     f8 v = load8(x + i);
-    s0 += low4(v);
-    s1 += high4(v);
+    d4 a = low4(v) - shift, b = high4(v) - shift;
+    s0 += a;
+    s1 += b;
+    q0 += a * a;
+    q1 += b * b;
     lo = v < lo ? v : lo;
     hi = v > hi ? v : hi;
     neg -= v < zero;  // a true comparison is -1 in every lane it holds
     pos -= v > zero;
   }
-  d4 s = s0 + s1;
-  double total = (s[0] + s[1]) + (s[2] + s[3]);
+  d4 s = s0 + s1, q = q0 + q1;
+  double sum = (s[0] + s[1]) + (s[2] + s[3]), squares = (q[0] + q[1]) + (q[2] + q[3]);
   double mn = inf, mx = -inf;
   int64_t negatives = 0, positives = 0;
   for (int j = 0; j < 8; ++j) {
@@ -166,28 +172,19 @@ bool finite_block_f32(const float* x, int64_t n, Moments& out) {
   }
   for (; i < n; ++i) {
     double v = x[i];
-    total += v;
+    sum += v - shift;
+    squares += (v - shift) * (v - shift);
     mn = std::min(mn, v);
     mx = std::max(mx, v);
     negatives += v < 0;
     positives += v > 0;
   }
-  if (!std::isfinite(total)) return false;  // NaN, infinity, or overflow
-  double mean = total / static_cast<double>(n);
-  d4 m0 = {}, m1 = {};
-  for (i = 0; i + 8 <= n; i += 8) {
-    f8 v = load8(x + i);
-    d4 a = low4(v) - mean, b = high4(v) - mean;
-    m0 += a * a;
-    m1 += b * b;
-  }
-  d4 m = m0 + m1;
-  double m2 = (m[0] + m[1]) + (m[2] + m[3]);
-  for (; i < n; ++i) m2 += (x[i] - mean) * (x[i] - mean);
+  if (!std::isfinite(sum) || !std::isfinite(squares)) return false;  // NaN, inf, overflow
+  double count = static_cast<double>(n);
   out = Moments();
   out.n = n;
-  out.mean = mean;
-  out.m2 = m2;
+  out.mean = shift + sum / count;
+  out.m2 = std::max(0.0, squares - sum * sum / count);
   out.min = mn;
   out.max = mx;
   out.neg = negatives;

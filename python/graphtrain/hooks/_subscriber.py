@@ -130,9 +130,25 @@ def generation() -> int:
     return _generation
 
 
+def _acts_before_forward(module: torch.nn.Module) -> bool:
+    """Whether a subscriber of `module` overrides a pre-forward action: only then does a captured
+    graph need a Hook node (a call into Python) at the module's inputs."""
+    return any(
+        type(s).pre_forward_module_apply_impl is not SubscriberBase.pre_forward_module_apply_impl
+        or type(s).pre_forward_tensor_apply_impl is not SubscriberBase.pre_forward_tensor_apply_impl
+        for sub in _subscriptions.get(module, ())
+        for s in sub.manager._subscribers
+    )
+
+
 def hook_signature(root: torch.nn.Module) -> tuple[str, ...]:
-    """The subscribed modules under `root`: a graph captured with hooks is valid for these only."""
-    return tuple(name for name, m in root.named_modules() if _subscriptions.get(m))
+    """The subscribed modules under `root` (with "+pre" when they act before forward): a graph
+    captured with hooks is valid for these only."""
+    return tuple(
+        name + ("+pre" if _acts_before_forward(m) else "")
+        for name, m in root.named_modules()
+        if _subscriptions.get(m)
+    )
 
 
 def run_pre(module: torch.nn.Module, args: Any, kwargs: dict) -> tuple[Any, dict]:
@@ -164,7 +180,9 @@ def _pre_hook(module: torch.nn.Module, args: Any, kwargs: dict) -> Any:
         return None
     if capturing():
         path = _capture_path(module)
-        return None if path is None else _callbacks.mark("pre", path, (args, kwargs))
+        if path is None or not _acts_before_forward(module):
+            return None
+        return _callbacks.mark("pre", path, (args, kwargs))
     return run_pre(module, args, kwargs)
 
 
