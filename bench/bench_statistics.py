@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def worker(runner: str, model: str, out_dir: str, iters: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per runner, in turn")
     parser.add_argument(
         "--no-compile", action="store_true", help="skip torch.compile (slow to compile)"
     )
@@ -98,8 +100,13 @@ def main() -> int:
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(dir=shm) as d:
         for model in MODELS:
-            result = {}
-            for runner in runners:
+            result: dict = {}
+            samples: dict[str, list[float]] = {r: [] for r in runners}
+            # Rounds of every runner, one process each, in turn: the machine's drift over minutes
+            # reaches every runner alike; each runner's figure is the median of its rounds.
+            for runner in [r for _ in range(args.rounds) for r in runners]:
+                if runner in result and result[runner] is None:
+                    continue
                 env = dict(os.environ, GRAPHTRAIN_NUM_THREADS="1", OMP_NUM_THREADS="1")
                 out = subprocess.run(
                     [
@@ -119,7 +126,9 @@ def main() -> int:
                     print(f"{model} {runner} failed: {out.stderr.strip().splitlines()[-1:]}")
                     result[runner] = None
                     continue
-                result[runner] = json.loads(out.stdout.strip().splitlines()[-1])
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                samples[runner].append(got["median_ms"])
+                result[runner] = {**got, "median_ms": statistics.median(samples[runner])}
             rows.append((model, result))
             line = f"{model:5s}"
             for r in runners:
@@ -140,7 +149,8 @@ def main() -> int:
         f"Machine: {describe()}",
         "",
         f"One step = forward, backward and AdamW; median of {iters} steps after 3 warm-up steps, one thread, "
-        "each runner in its own process. '+ stats': a StatisticsSubscriber on every module dumps every step "
+        f"each runner in its own process, {args.rounds} rounds of all runners in turn (the median "
+        "of the rounds). '+ stats': a StatisticsSubscriber on every module dumps every step "
         "(statistics of each module's outputs in forward and of their gradients in backward: text files and "
         "the binary sidecar; with text=False the binary sidecar only, `graphtrain-stats text` renders the "
         "text files later). torch.compile runs without subscribers, as the reference. The cost per dumped "
