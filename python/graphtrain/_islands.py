@@ -11,6 +11,7 @@ the module whose graph execution makes a run diverge.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterable
@@ -87,8 +88,11 @@ class EagerIsland(torch.autograd.Function):
             forward, module = _forward(path)
             with reparametrized(module, dict(zip(names, leaves[cut:])), tie_weights=True):
                 if getattr(_local, "originals", None) is not None:
-                    with hooks_suppressed():
-                        out = forward(*args, **kwargs)
+                    with hooks_suppressed(), _quiet_symbols(leaves):
+                        try:
+                            out = forward(*args, **kwargs)
+                        except Exception as e:  # not on fake tensors: the example run's shapes
+                            out = _recorded_outputs(path, leaves[:cut], e)
                 else:
                     out = forward(*args, **kwargs)
         flat, out_spec = pytree.tree_flatten(out)
@@ -153,6 +157,67 @@ def _call(path: str, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_unflatten([next(it) if o is _TENSOR else o for o in others], out_spec)
 
 
+def record(root: torch.nn.Module, paths: tuple[str, ...], args: tuple, kwargs: dict) -> None:
+    """Runs `root` once in eager mode on the example inputs (no gradient, subscribers quiet) and
+    keeps each island's tensor input sizes and outputs: the output shapes of an island whose
+    forward cannot run on torch.export's fake tensors (data-dependent Python control flow)."""
+    seen: dict[str, Any] = {}
+    handles = []
+    # The run leaves no trace: buffers (BatchNorm's running statistics) and the RNG are restored.
+    buffers = [(b, b.detach().clone()) for b in root.buffers()]
+    rng = torch.get_rng_state()
+    for path in paths:
+
+        def hook(module: Any, a: tuple, k: dict, out: Any, path: str = path) -> None:
+            ins = [t.shape for t in pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
+            seen.setdefault(path, (ins, pytree.tree_map_only(torch.Tensor, _Meta, out)))
+
+        module = root.get_submodule(path)
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad(), hooks_suppressed():
+            root(*args, **kwargs)
+    except Exception:  # noqa: S110 - the capture that follows reports what goes wrong
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        torch.set_rng_state(rng)
+    _local.recorded = seen
+
+
+def _quiet_symbols(tensors: list[Any]) -> Any:
+    """While an island's forward runs on fake tensors: sizes it reads from data (x.sum() > 0 asks
+    for one) are not outputs of the op, and torch.export must not wait for them."""
+    mode = torch._guards.detect_fake_mode(tensors)
+    env = getattr(mode, "shape_env", None)
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
+
+
+class _Meta:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+
+
+def _recorded_outputs(path: str, inputs: list[torch.Tensor], error: Exception) -> Any:
+    """Empty tensors of the island's recorded output shapes, each dim that equals an input's dim
+    in the example run taken from that input (so batch and sequence sizes stay symbolic)."""
+    recorded = getattr(_local, "recorded", {}).get(path)
+    if recorded is None:
+        raise error
+    shapes, out = recorded
+    dims: dict[int, Any] = {}
+    for shape, x in zip(shapes, [t for t in inputs if isinstance(t, torch.Tensor)]):
+        for size, sym in zip(shape, x.shape):
+            dims.setdefault(size, sym)
+    return pytree.tree_map_only(
+        _Meta, lambda m: torch.empty([dims.get(d, d) for d in m.shape], dtype=m.dtype), out
+    )
+
+
 class islands:
     """While GraphModule captures `root`: the submodules at `paths` are called through
     EagerIsland (their forwards replaced on the instances, restored after)."""
@@ -177,3 +242,4 @@ class islands:
             else:
                 module.forward = forward
         _local.originals = self._previous
+        _local.recorded = {}

@@ -321,6 +321,9 @@ class GraphModule(torch.nn.Module):
                     f"capturing took {seconds:.2f} s",
                 )
         if captured is None:
+            if self.eager_modules:
+                args, kwargs = pytree.tree_unflatten(flat, spec)
+                _islands.record(self.module, self.eager_modules, args, kwargs)
             captured = capture(
                 self.module,
                 flat,

@@ -59,6 +59,52 @@ def test_an_island_runs_eagerly_inside_the_graph_and_trains_like_eager():
         torch.testing.assert_close(p, q, rtol=1e-3, atol=2e-3, msg=name)
 
 
+class Branchy(torch.nn.Module):
+    """Data-dependent Python control flow: torch.export cannot capture it, nor run it on fake
+    tensors (the island's output shapes then come from an example run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.a(x).relu()
+        return self.a(x)
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 8)
+        self.branchy = Branchy()
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(self.norm(self.branchy(self.inp(x)))).pow(2).mean()
+
+
+def test_a_module_export_cannot_capture_runs_as_an_island():
+    torch.manual_seed(0)
+    base = Net()
+    with pytest.raises(UnsupportedModelError):
+        graphtrain.GraphModule(copy.deepcopy(base))(torch.randn(16, 4))
+    eager, island = copy.deepcopy(base), copy.deepcopy(base)
+    gm = graphtrain.GraphModule(island, eager_modules=["branchy"])
+    for step in range(3):  # batch sizes change: the island's output keeps the symbolic batch
+        x = torch.randn(16 + 4 * step, 4) * (1 if step % 2 else -1)
+        expected, got = eager(x), gm(x)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        for p, q in zip(island.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    # the example run that gave the shapes left no trace: BatchNorm saw each batch once
+    assert int(island.norm.num_batches_tracked) == int(eager.norm.num_batches_tracked) == 3
+    torch.testing.assert_close(island.norm.running_mean, eager.norm.running_mean)
+
+
 def test_transformers_submodules_as_islands():
     for name, paths in (
         ("bert", ["bert.encoder.layer.0.attention"]),
