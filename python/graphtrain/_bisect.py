@@ -70,17 +70,16 @@ class Bisector:
     def __init__(
         self, command: list[str], steps: int, max_runs: int, out: str, tol: Tolerance
     ) -> None:
-        self.command, self.steps, self.max_runs, self.out, self.tol = (
-            command,
-            steps,
-            max_runs,
-            out,
-            tol,
-        )
+        self.command = command
+        self.steps = steps
+        self.max_runs = max_runs
+        self.out = out
+        self.tol = tol
         self.runs = 0
+        self.known: dict[tuple[str, ...], bool] = {}  # islands -> whether the runs agreed
 
     def run(self, label: str, **env: str) -> Run:
-        """One run of the command; one progress line."""
+        """One run of the command with the options in `env`, in its own folder under --out."""
         self.runs += 1
         folder = os.path.join(self.out, f"{self.runs:02d}-{label}")
         os.makedirs(folder)
@@ -114,8 +113,9 @@ class Bisector:
             )
         print(f"run {self.runs}: {what}: {verdict}", flush=True)
 
-    def check(self, what: str, label: str, **env: str) -> tuple[Run, bool]:
-        """Runs the candidate with `env`; whether it agrees with the baseline."""
+    def agrees(self, what: str, label: str, **env: str) -> bool:
+        """Runs the candidate with `env` (one progress line); whether it agrees with the
+        baseline."""
         if self.runs >= self.max_runs:
             raise Unresolved(f"--max-runs {self.max_runs} reached while {what}")
         run = self.run(label, **env)
@@ -123,7 +123,7 @@ class Bisector:
         self.progress(what, run, first)
         if run.code != 0:
             raise Unresolved(f"the run {what} failed (exit {run.code}): {run.last_line()}")
-        return run, first is None
+        return first is None
 
     def bisect(self) -> int:
         self.baseline = self.run("baseline", disable="1")
@@ -155,10 +155,9 @@ class Bisector:
             print(f"verdict: no divergence over {self.steps} steps")
             return 0
         self.candidate = candidate
-        _, agrees = self.check(
+        if self.agrees(
             "candidate, compute optimizer off", "no-optimizer", enable_compute_optimizer="0"
-        )
-        if agrees:
+        ):
             return self.passes()
         return self.modules()
 
@@ -168,13 +167,12 @@ class Bisector:
         suspects = list(_C.pass_names())
         while len(suspects) > 1:
             half = suspects[: len(suspects) // 2]
-            _, agrees = self.check(
+            off = self.agrees(
                 f"passes off: {','.join(half)}", "passes-off", disable_passes=",".join(half)
             )
-            suspects = half if agrees else suspects[len(suspects) // 2 :]
+            suspects = half if off else suspects[len(suspects) // 2 :]
         name = suspects[0]
-        _, agrees = self.check(f"pass off: {name}", "pass-off", disable_passes=name)
-        if not agrees:
+        if not self.agrees(f"pass off: {name}", "pass-off", disable_passes=name):
             raise Unresolved(
                 "the runs agree with the compute optimizer off, but with no single pass off: "
                 "several passes take part (GRAPHTRAIN_DISABLE_PASSES takes a list)"
@@ -238,11 +236,9 @@ class Bisector:
 
     def _agrees_with(self, islands: list[str], what: str) -> bool:
         key = tuple(sorted(islands))
-        if not hasattr(self, "_known"):
-            self._known: dict[tuple[str, ...], bool] = {}
-        if key not in self._known:
-            self._known[key] = self.check(what, "islands", eager_modules=",".join(islands))[1]
-        return self._known[key]
+        if key not in self.known:
+            self.known[key] = self.agrees(what, "islands", eager_modules=",".join(islands))
+        return self.known[key]
 
     def _ops(self, module: str) -> str:
         """The op types of the candidate's graphs whose scope is `module` or inside it."""
