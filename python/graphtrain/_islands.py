@@ -157,6 +157,12 @@ def _call(path: str, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_unflatten([next(it) if o is _TENSOR else o for o in others], out_spec)
 
 
+def needs_example_run() -> bool:
+    """Whether the capture that just failed had an island that could not run on fake tensors
+    and no example run to take its output shapes from (see record)."""
+    return getattr(_local, "needs_example", False)
+
+
 def record(root: torch.nn.Module, paths: tuple[str, ...], args: tuple, kwargs: dict) -> None:
     """Runs `root` once in eager mode on the example inputs (no gradient, subscribers quiet) and
     keeps each island's tensor input sizes and outputs: the output shapes of an island whose
@@ -207,6 +213,7 @@ def _recorded_outputs(path: str, inputs: list[torch.Tensor], error: Exception) -
     in the example run taken from that input (so batch and sequence sizes stay symbolic)."""
     recorded = getattr(_local, "recorded", {}).get(path)
     if recorded is None:
+        _local.needs_example = True
         raise error
     shapes, out = recorded
     dims: dict[int, Any] = {}
@@ -226,6 +233,7 @@ class islands:
         self.root, self.paths = root, paths
 
     def __enter__(self) -> None:
+        _local.needs_example = False
         self._previous = getattr(_local, "originals", None)
         _local.originals = {}
         self._saved = []

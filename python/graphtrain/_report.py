@@ -133,13 +133,16 @@ td.selected{outline:2px dashed #444;outline-offset:-2px}
 """
 
 
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+def _json(v: float | None) -> float | str | None:
+    """A number for the page's JSON, which has no infinity or NaN."""
+    if v is None or math.isnan(v):
+        return None
+    return "inf" if math.isinf(v) else v
 
 
 def write(
     path: str,
-    rows: list[dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
     steps: list[int],
     first: dict[str, Any] | None,
     headline: str,
@@ -147,31 +150,40 @@ def write(
     candidate: str,
     tolerance: str,
 ) -> None:
-    """Writes the report atomically. rows: one per tensor, with "tensor", "module", "direction",
-    "label", per step "scores" (None where missing), "verdicts" ((score, statistic, baseline,
-    candidate) or None) and "stats" (name -> ([baseline], [candidate]))."""
-    data = {
-        "steps": steps,
-        "rows": [
+    """Writes the report atomically. rows: compare's rows in dump order, each with "tensor",
+    "module", "direction", "label" and per step "cells" (verdict, baseline record, candidate
+    record); first: compare's first divergence (its "key" names the row)."""
+    # Forward tensors, then backward, then parameter gradients, each in dump order.
+    rank_of = {"forward": 0, "backward": 1, "parameter gradient": 2}
+    ordered = sorted(rows.values(), key=lambda r: rank_of[r["direction"]])
+    out = []
+    for row in ordered:
+        cells = [row["cells"].get(s) for s in steps]
+        out.append(
             {
-                **row,
-                # an infinite score (NaN in one run only) travels as "inf": JSON has no infinity
-                "scores": [
-                    None if s is None else "inf" if math.isinf(s) else s for s in row["scores"]
-                ],
+                **{k: row[k] for k in ("tensor", "module", "direction", "label")},
+                "scores": [c and _json(c[0].score) for c in cells],
                 "verdicts": [
-                    None if v is None else [_finite(v[0]), v[1], _finite(v[2]), _finite(v[3])]
-                    for v in row["verdicts"]
+                    c
+                    and [
+                        _json(c[0].score),
+                        c[0].statistic,
+                        _json(c[0].baseline),
+                        _json(c[0].candidate),
+                    ]
+                    for c in cells
                 ],
                 "stats": {
-                    k: [[None if x is None else _finite(x) for x in side] for side in sides]
-                    for k, sides in row["stats"].items()
+                    k: [[c and _json(c[side][k]) for c in cells] for side in (1, 2)]
+                    for k in ("mean", "std", "min", "max")
                 },
             }
-            for row in rows
-        ],
-        "first": first,
-    }
+        )
+    marked = None
+    if first is not None:
+        row = next(i for i, r in enumerate(ordered) if r["tensor"] == first["key"])
+        marked = {"row": row, "step": first["step"]}
+    data = {"steps": steps, "rows": out, "first": marked}
     payload = json.dumps(data).replace("</", "<\\/")
     legend = "".join(
         f"<span title='score 1e{e}' class='swatch' data-exp='{e}'></span>" for e in range(-3, 4)

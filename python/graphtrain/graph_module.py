@@ -321,17 +321,30 @@ class GraphModule(torch.nn.Module):
                     f"capturing took {seconds:.2f} s",
                 )
         if captured is None:
-            if self.eager_modules:
+
+            def run_capture() -> Captured:
+                return capture(
+                    self.module,
+                    flat,
+                    spec,
+                    f"{type(self.module).__name__}_{label}",
+                    contexts=(
+                        *CAPTURE_CONTEXTS,
+                        lambda m: _islands.islands(m, self.eager_modules),
+                    ),
+                    fallback=options()["fallback_policy"].value == "ATEN",
+                )
+
+            try:
+                captured = run_capture()
+            except UnsupportedModelError:
+                # An island whose forward cannot run on fake tensors: its output shapes come
+                # from one eager run of the model on these inputs, then the capture runs again.
+                if not _islands.needs_example_run():
+                    raise
                 args, kwargs = pytree.tree_unflatten(flat, spec)
                 _islands.record(self.module, self.eager_modules, args, kwargs)
-            captured = capture(
-                self.module,
-                flat,
-                spec,
-                f"{type(self.module).__name__}_{label}",
-                contexts=(*CAPTURE_CONTEXTS, lambda m: _islands.islands(m, self.eager_modules)),
-                fallback=options()["fallback_policy"].value == "ATEN",
-            )
+                captured = run_capture()
             self.captures += 1
             if path:
                 _cache.save(path, captured, time.perf_counter() - t0)

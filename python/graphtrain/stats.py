@@ -222,56 +222,11 @@ def compare(baseline: str, candidate: str, tol: Tolerance, report: str | None) -
             "the tensor of its direction dumped before it"
         )
     if report:
-        _write_report(
+        _report.write(
             report, found["rows"], found["steps"], first, headline, baseline, candidate, tolerance
         )
         print(f"report written to {report}")
     return 0 if first is None else 1
-
-
-def _write_report(
-    path: str,
-    rows: dict[str, dict[str, Any]],
-    steps: list[int],
-    first: dict[str, Any] | None,
-    headline: str,
-    baseline: str,
-    candidate: str,
-    tolerance: str,
-) -> None:
-    # Forward tensors, then backward, then parameter gradients, each in dump order.
-    rank_of = {"forward": 0, "backward": 1, "parameter gradient": 2}
-    ordered = sorted(rows.values(), key=lambda r: rank_of[r["direction"]])
-    out = []
-    for row in ordered:
-        cells = row["cells"]
-        out.append(
-            {
-                "tensor": row["tensor"],
-                "module": row["module"],
-                "direction": row["direction"],
-                "label": row["label"],
-                "scores": [cells[s][0].score if s in cells else None for s in steps],
-                "verdicts": [
-                    (lambda v: (v.score, v.statistic, v.baseline, v.candidate))(cells[s][0])
-                    if s in cells
-                    else None
-                    for s in steps
-                ],
-                "stats": {
-                    k: [
-                        [cells[s][side][k] if s in cells else None for s in steps]
-                        for side in (1, 2)
-                    ]
-                    for k in ("mean", "std", "min", "max")
-                },
-            }
-        )
-    marked = None
-    if first is not None:
-        index = next(i for i, r in enumerate(ordered) if r["tensor"] == first["key"])
-        marked = {"row": index, "step": first["step"]}
-    _report.write(path, out, steps, marked, headline, baseline, candidate, tolerance)
 
 
 def main(argv: list[str] | None = None) -> int:

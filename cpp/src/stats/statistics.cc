@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 
 #include "graphtrain/error.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace graphtrain {
 namespace {
@@ -121,17 +121,11 @@ bool finite_block(const double* x, int64_t n, Moments& out) {
   return true;
 }
 
-// finite_block for float32 data read in place, in vectors (GCC/Clang vector extensions: AVX2 on
-// x86-64-v3): min, max and signs in float (exact), sums in double. Most dumps are float32.
-using f8 = float __attribute__((vector_size(32)));
-using i8 = int32_t __attribute__((vector_size(32)));
+// finite_block for float32 data read in place, in the kernels' 8-lane vectors (AVX2 on x86-64-v3):
+// min, max and signs in float (exact), sums in double. Most dumps are float32.
+using cpu::vec::f8;
+using cpu::vec::i8;
 using d4 = double __attribute__((vector_size(32)));
-
-inline f8 load8(const float* p) {
-  f8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 inline d4 low4(f8 v) {
   return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), d4);
 }
@@ -149,7 +143,7 @@ bool finite_block_f32(const float* x, int64_t n, Moments& out) {
   i8 neg = {}, pos = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    f8 v = load8(x + i);
+    f8 v = cpu::vec::load(x + i);
     d4 a = low4(v) - shift, b = high4(v) - shift;
     s0 += a;
     s1 += b;
