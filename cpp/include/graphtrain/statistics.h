@@ -38,4 +38,11 @@ TensorStats compute_stats(const Tensor& t, int64_t bucket_size = int64_t{1} << 2
 // The statistics as the text of a dump file: "name: value" lines.
 std::string format_stats(const TensorStats& s, const std::string& name);
 
+// One record of a statistics.bin file (format 2; little-endian): name, module path and dtype, each
+// a uint32 length and UTF-8 bytes; the shape, a uint32 rank and int64 sizes; count, finite, min,
+// max, mean, std, nan, inf, negative, positive, zero as float64; then `first` and `sample`, each a
+// uint32 count and float64 values. The reader is python/graphtrain/hooks/_statistics.py.
+std::string stats_record(const TensorStats& s, const std::string& name,
+                         const std::string& module_path);
+
 }  // namespace graphtrain

@@ -46,6 +46,27 @@ void bind_stats(nb::module_& m) {
       "Statistics of a numpy array or torch tensor in one pass (see graphtrain/statistics.h); with "
       "a name, also their text as written to a dump file (key 'text').");
   m.def(
+      "stats_record",
+      [](nb::handle array, const std::string& name, const std::string& module_path,
+         int64_t bucket_size, size_t first_values, size_t sample_values, bool text) {
+        Tensor t = array_to_tensor(array, "stats_record");
+        std::string record, formatted;
+        {
+          nb::gil_scoped_release release;
+          TensorStats s = compute_stats(t, bucket_size, first_values, sample_values);
+          record = stats_record(s, name, module_path);
+          if (text) formatted = format_stats(s, name);
+        }
+        nb::object shown =
+            text ? nb::object(nb::str(formatted.data(), formatted.size())) : nb::object(nb::none());
+        return nb::make_tuple(nb::bytes(record.data(), record.size()), shown);
+      },
+      nb::arg("tensor"), nb::arg("name"), nb::arg("module_path"),
+      nb::arg("bucket_size") = int64_t{1} << 29, nb::arg("first_values") = 128,
+      nb::arg("sample_values") = 256, nb::arg("text") = false,
+      "The statistics of a tensor as one statistics.bin record (bytes), and with text=True also "
+      "their dump file text (else None): what StatisticsSubscriber writes, in one call.");
+  m.def(
       "format_stats",
       [](const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
          const std::vector<double>& fields, const std::vector<double>& first) {

@@ -1,8 +1,10 @@
 #include "graphtrain/statistics.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "graphtrain/error.h"
@@ -296,6 +298,48 @@ std::string format_stats(const TensorStats& s, const std::string& name) {
     out += number(s.first[i]);
   }
   out += "\n";
+  return out;
+}
+
+namespace {
+
+template <typename T>
+void put(std::string& out, T v) {
+  static_assert(std::endian::native == std::endian::little, "statistics.bin is little-endian");
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));
+  out.append(bytes, sizeof(T));
+}
+
+void put_text(std::string& out, const std::string& text) {
+  put(out, static_cast<uint32_t>(text.size()));
+  out += text;
+}
+
+void put_values(std::string& out, const std::vector<double>& values) {
+  put(out, static_cast<uint32_t>(values.size()));
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+}
+
+}  // namespace
+
+std::string stats_record(const TensorStats& s, const std::string& name,
+                         const std::string& module_path) {
+  std::string out;
+  out.reserve(name.size() + module_path.size() + 160 +
+              8 * (s.shape.size() + s.first.size() + s.sample.size()));
+  put_text(out, name);
+  put_text(out, module_path);
+  put_text(out, to_string(s.dtype));
+  put(out, static_cast<uint32_t>(s.shape.size()));
+  for (int64_t d : s.shape) put(out, d);
+  for (double v : {static_cast<double>(s.count), static_cast<double>(s.finite), s.min, s.max,
+                   s.mean, s.std, static_cast<double>(s.nan_count),
+                   static_cast<double>(s.inf_count), static_cast<double>(s.negative),
+                   static_cast<double>(s.positive), static_cast<double>(s.zero)})
+    put(out, v);
+  put_values(out, s.first);
+  put_values(out, s.sample);
   return out;
 }
 

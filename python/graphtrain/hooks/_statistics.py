@@ -36,6 +36,7 @@ from ._subscriber import RunContext, SubscriberBase
 #   the first values (as in the text file) and the sample (values spread evenly over the tensor,
 #   for comparing element by element): each a uint32 count and float64 values.
 # Files without the magic are the first format: name, module, SIDECAR_FIELDS only.
+# The writer is C++ (graphtrain::stats_record, _C.stats_record).
 SIDECAR_MAGIC = b"GTSTATS\x02"
 SIDECAR_FIELDS = (
     "count",
@@ -62,29 +63,11 @@ def _rank_dir(root: str) -> str:
     return root
 
 
-def _packed(text: str) -> bytes:
-    data = text.encode()
-    return struct.pack("<I", len(data)) + data
-
-
-def _values(values: list[float]) -> bytes:
-    return struct.pack(f"<I{len(values)}d", len(values), *values)
-
-
-def sidecar_record(name: str, module_path: str, stats: dict[str, Any]) -> bytes:
-    """One statistics.bin record of `stats` (from _C.tensor_stats)."""
-    shape = stats["shape"]
-    return b"".join(
-        (
-            _packed(name),
-            _packed(module_path),
-            _packed(stats["dtype"]),
-            struct.pack(f"<I{len(shape)}q", len(shape), *shape),
-            struct.pack(f"<{len(SIDECAR_FIELDS)}d", *(float(stats[k]) for k in SIDECAR_FIELDS)),
-            _values(stats["first"]),
-            _values(stats["sample"]),
-        )
-    )
+def _close_all(files: dict[str, tuple[int, int]]) -> None:
+    for pair in files.values():
+        for fd in pair:
+            os.close(fd)
+    files.clear()
 
 
 class StatisticsSubscriber(SubscriberBase):
@@ -133,7 +116,8 @@ class StatisticsSubscriber(SubscriberBase):
         self.parameter_gradients = parameter_gradients
         self.text = text
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[Any, Any]] = {}
+        self._open: dict[str, tuple[int, int]] = {}
+        weakref.finalize(self, _close_all, self._open)
         self._forward_step = 0  # the step of the last forward: parameter gradients belong to it
         self._watched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         _active.append(self)
@@ -195,36 +179,35 @@ class StatisticsSubscriber(SubscriberBase):
             data = data.cpu()
         if not data.is_contiguous():
             data = data.contiguous()
-        stats = _C.tensor_stats(
-            data, self.bucket_size, FIRST_VALUES, name if self.text else "", SAMPLE_VALUES
+        record, text = _C.stats_record(
+            data, name, module_path, self.bucket_size, FIRST_VALUES, SAMPLE_VALUES, self.text
         )
         folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
-        record = sidecar_record(name, module_path, stats)
         with self._lock:
             order, sidecar = self._step_files(folder)
-            if self.text:
+            if text is not None:
                 with open(os.path.join(folder, name), "w") as f:
-                    f.write(text_file(module_path, stats["text"]))
-            # One write each, flushed at once: a reader (or a crash) sees whole records.
-            order.write(name + "\n")
-            order.flush()
-            sidecar.write(record)
-            sidecar.flush()
+                    f.write(text_file(module_path, text))
+            # One unbuffered write each: a reader (or a crash) sees whole records.
+            os.write(order, (name + "\n").encode())
+            os.write(sidecar, record)
 
-    def _step_files(self, folder: str) -> tuple[Any, Any]:
-        """order.txt and statistics.bin of a step folder, kept open for the step's next dumps (a
-        few steps at once: a backward may still write into the previous step)."""
+    def _step_files(self, folder: str) -> tuple[int, int]:
+        """The descriptors of order.txt and statistics.bin of a step folder, kept open for the
+        step's next dumps (a few steps at once: a backward may still write into the previous
+        step)."""
         files = self._open.get(folder)
         if files is None:
             os.makedirs(folder, exist_ok=True)
-            sidecar = open(os.path.join(folder, "statistics.bin"), "ab")
-            if sidecar.tell() == 0:
-                sidecar.write(SIDECAR_MAGIC)
-            files = (open(os.path.join(folder, "order.txt"), "a"), sidecar)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            sidecar = os.open(os.path.join(folder, "statistics.bin"), flags, 0o644)
+            if os.fstat(sidecar).st_size == 0:
+                os.write(sidecar, SIDECAR_MAGIC)
+            files = (os.open(os.path.join(folder, "order.txt"), flags, 0o644), sidecar)
             self._open[folder] = files
             while len(self._open) > 3:
-                for f in self._open.pop(next(iter(self._open))):
-                    f.close()
+                for fd in self._open.pop(next(iter(self._open))):
+                    os.close(fd)
         return files
 
 
