@@ -63,9 +63,9 @@ def _rank_dir(root: str) -> str:
     return root
 
 
-def _close_all(files: dict[str, tuple[int, int]]) -> None:
-    for pair in files.values():
-        for fd in pair:
+def _close_all(files: dict[int, tuple[str, int, int]]) -> None:
+    for _, *fds in files.values():
+        for fd in fds:
             os.close(fd)
     files.clear()
 
@@ -116,7 +116,8 @@ class StatisticsSubscriber(SubscriberBase):
         self.parameter_gradients = parameter_gradients
         self.text = text
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[int, int]] = {}
+        self._dir = mine  # this rank's folder
+        self._open: dict[int, tuple[str, int, int]] = {}
         weakref.finalize(self, _close_all, self._open)
         self._forward_step = 0  # the step of the last forward: parameter gradients belong to it
         self._watched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -175,16 +176,15 @@ class StatisticsSubscriber(SubscriberBase):
             )
             return
         data = tensor.detach()
-        if data.device.type != "cpu":
+        if not data.is_cpu:
             data = data.cpu()
         if not data.is_contiguous():
             data = data.contiguous()
         record, text = _C.stats_record(
             data, name, module_path, self.bucket_size, FIRST_VALUES, SAMPLE_VALUES, self.text
         )
-        folder = os.path.join(_rank_dir(self.output_dir), f"step_{step}")
         with self._lock:
-            order, sidecar = self._step_files(folder)
+            folder, order, sidecar = self._step_files(step)
             if text is not None:
                 with open(os.path.join(folder, name), "w") as f:
                     f.write(text_file(module_path, text))
@@ -192,21 +192,23 @@ class StatisticsSubscriber(SubscriberBase):
             os.write(order, (name + "\n").encode())
             os.write(sidecar, record)
 
-    def _step_files(self, folder: str) -> tuple[int, int]:
-        """The descriptors of order.txt and statistics.bin of a step folder, kept open for the
-        step's next dumps (a few steps at once: a backward may still write into the previous
-        step)."""
-        files = self._open.get(folder)
+    def _step_files(self, step: int) -> tuple[str, int, int]:
+        """The folder of a step and the descriptors of its order.txt and statistics.bin, kept open
+        for the step's next dumps (a few steps at once: a backward may still write into the
+        previous step)."""
+        files = self._open.get(step)
         if files is None:
+            folder = os.path.join(self._dir, f"step_{step}")
             os.makedirs(folder, exist_ok=True)
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
             sidecar = os.open(os.path.join(folder, "statistics.bin"), flags, 0o644)
             if os.fstat(sidecar).st_size == 0:
                 os.write(sidecar, SIDECAR_MAGIC)
-            files = (os.open(os.path.join(folder, "order.txt"), flags, 0o644), sidecar)
-            self._open[folder] = files
+            files = (folder, os.open(os.path.join(folder, "order.txt"), flags, 0o644), sidecar)
+            self._open[step] = files
             while len(self._open) > 3:
-                for fd in self._open.pop(next(iter(self._open))):
+                _, *fds = self._open.pop(next(iter(self._open)))
+                for fd in fds:
                     os.close(fd)
         return files
 
