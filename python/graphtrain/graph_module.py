@@ -165,6 +165,21 @@ def _describe(leaf: Any) -> Any:
         return ("const", type(leaf).__name__, repr(leaf))
 
 
+def _refuse_foreign_shards(module: torch.nn.Module) -> None:
+    """Parameters still sharded by another framework when a capture starts (FSDP2's fully_shard on
+    a submodule, DeepSpeed without ZeROOffloadSubscriber) cannot be captured: say what to do."""
+    for name, p in module.named_parameters():
+        kind = type(p).__name__
+        if kind == "DTensor":
+            raise UnsupportedModelError(
+                f"parameter '{name}' of {type(module).__name__} is a DTensor (FSDP2 fully_shard on "
+                "a submodule, or tensor parallelism) when the GraphModule captures its forward; "
+                "graphtrain captures modules with whole parameters. Shard with "
+                "graphtrain.distributed.zero3(model) and wrap the result in GraphModule, or apply "
+                "fully_shard to the GraphModule itself (one unit)."
+            )
+
+
 class GraphModule(torch.nn.Module):
     """Wraps `module`: its forward is captured once (per input schema and train/eval mode) into a
     graph, its gradient graph is built by graphtrain, and both run in graphtrain's C++ engine.
@@ -304,6 +319,7 @@ class GraphModule(torch.nn.Module):
 
     def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
         refresh_rank()
+        _refuse_foreign_shards(self.module)
         t0 = time.perf_counter()
         label = "train" if self.module.training else "eval"
         captured = None

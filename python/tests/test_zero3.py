@@ -114,6 +114,19 @@ def test_hugging_face_gpt2(two: list[dict]) -> None:
     close(two[0]["gpt2"], cases.hf_reference(3))
 
 
+def test_graph_module_under_ddp(two: list[dict]) -> None:
+    close(two[0]["ddp"], cases.reference(4)[0])
+    assert two[0]["ddp_captures"] == 1  # the engine ran it, not an eager fallback
+    torch.testing.assert_close(two[0]["ddp_grad"], two[1]["ddp_grad"], rtol=0, atol=0)
+
+
+def test_graph_module_under_fsdp2(two: list[dict]) -> None:
+    close(two[0]["fsdp"], cases.reference(4)[0])
+    assert two[0]["fsdp_captures"] == 1
+    msg = two[0]["fsdp_inner"]
+    assert "'blocks.0." in msg and "DTensor" in msg and "graphtrain.distributed.zero3" in msg
+
+
 def test_four_ranks_with_padding(four: list[dict]) -> None:
     losses, _ = cases.reference(5, **cases.ODD)
     close(four[0]["losses"], losses)

@@ -207,6 +207,45 @@ def two_ranks(rank: int, world: int, folder: str) -> dict[str, Any]:
         dist.all_reduce(t)
         losses.append(t.item() / world)
     out["gpt2"] = losses
+    out.update(data_parallel(rank, world))
+    return out
+
+
+def data_parallel(rank: int, world: int) -> dict[str, Any]:
+    """GraphModule under DistributedDataParallel, and under FSDP2's fully_shard."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    import graphtrain
+    from graphtrain.errors import UnsupportedModelError
+
+    out: dict[str, Any] = {}
+    gm = graphtrain.GraphModule(gpt())
+    ddp = DistributedDataParallel(gm)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=LR)
+    out["ddp"] = train(ddp, opt, range(4), rank, world)
+    ids, targets = batch(4)
+    opt.zero_grad()
+    ddp(local(ids, rank, world), local(targets, rank, world)).backward()
+    out["ddp_grad"] = gm.module.blocks[0].fc.weight.grad.clone()  # all-reduced by DDP
+    out["ddp_captures"] = gm.captures
+
+    gm = graphtrain.GraphModule(gpt())
+    fully_shard(gm)  # one unit: the whole model gathered around the GraphModule's forward
+    opt = torch.optim.AdamW(gm.parameters(), lr=LR)
+    out["fsdp"] = train(gm, opt, range(4), rank, world)
+    out["fsdp_captures"] = gm.captures
+
+    model = gpt()
+    for block in model.blocks:
+        fully_shard(block)
+    gm = graphtrain.GraphModule(model)
+    fully_shard(gm)
+    try:
+        gm(local(ids, rank, world), local(targets, rank, world))
+        out["fsdp_inner"] = None
+    except UnsupportedModelError as e:
+        out["fsdp_inner"] = str(e)
     return out
 
 
