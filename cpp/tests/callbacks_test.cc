@@ -103,6 +103,85 @@ TEST(Callbacks, DeadCodeEliminationKeepsHooks) {
   EXPECT_NE(g.find("unused"), nullptr);
 }
 
+// ZeRO stage 3: loss = sum(x @ reshape(ShardGather(x, shard), [3, 2])), a "world" of 2 ranks whose
+// shards the host gathers as [shard, 10 * shard].
+Graph sharded_graph() {
+  Graph g;
+  g.name = "sharded";
+  g.opset_imports[""] = 18;
+  g.opset_imports[GT] = 1;
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("batch"), SymDim(3)}});
+  Value* shard = g.add_input("shard", {DType::kFloat32, SymShape{SymDim(3)}});
+  Node* gather = g.add_node("ShardGather", {x, shard}, {"full"}, GT);
+  gather->attributes["num_passive"] = Attribute::of(int64_t{1});
+  gather->attributes["group"] = Attribute::of(int64_t{4});
+  gather->attributes["padded"] = Attribute::of(int64_t{6});
+  gather->attributes["shard_size"] = Attribute::of(int64_t{3});
+  Value* shape = g.add_initializer(
+      "w_shape", Tensor::from_vector(DType::kInt64, {2}, std::vector<int64_t>{3, 2}));
+  Node* w = g.add_node("Reshape", {gather->outputs()[0], shape}, {"w"});
+  Value* y = g.add_op("MatMul", {x, w->outputs()[0]});
+  Node* sum = g.add_node("ReduceSum", {y}, {"loss"});
+  sum->attributes["keepdims"] = Attribute::of(int64_t{0});
+  g.add_output(sum->outputs()[0]);
+  return g;
+}
+
+TEST(Callbacks, ShardedParametersAreGatheredAgainInBackwardNotStashed) {
+  int gathers = 0, recomputed = 0, scatters = 0;
+  set_host_callback([&](const Node& n, const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    EXPECT_EQ(n.attr_int("group", -1), 4);
+    if (n.op_type == "ShardGather") {
+      ++gathers;
+      recomputed += n.attr_int("recompute", 0) == 1;
+      const Tensor& shard = in.back();
+      std::vector<float> full(6);
+      for (int i = 0; i < 3; ++i) {
+        full[static_cast<size_t>(i)] = shard.data<float>()[i];
+        full[static_cast<size_t>(i) + 3] = 10 * shard.data<float>()[i];
+      }
+      return {Tensor::from_vector(DType::kFloat32, {6}, full)};
+    }
+    EXPECT_EQ(n.op_type, "ShardGatherGrad");
+    ++scatters;
+    const float* d = in[0].data<float>();  // this rank's part of the sum over the "ranks"
+    return {Tensor::from_vector(
+        DType::kFloat32, {3},
+        std::vector<float>{d[0] + 10 * d[3], d[1] + 10 * d[4], d[2] + 10 * d[5]})};
+  });
+  GradientGraphs gg = build_gradient_graphs(sharded_graph(), {{"loss"}, true, {"x", "shard"}});
+  for (const std::string& name : gg.stashed) {
+    EXPECT_NE(name, "full");
+    EXPECT_NE(name, "w");
+  }
+  int again = 0;
+  for (Node* n : gg.backward.nodes())
+    if (n->op_type == "ShardGather") {
+      ++again;
+      EXPECT_EQ(n->attr_int("recompute", 0), 1);
+      EXPECT_EQ(n->attr_int("num_passive", 0), 1);  // anchored to the gradient reaching it
+    }
+  EXPECT_EQ(again, 1);
+  Session fwd(std::move(gg.forward)), bwd(std::move(gg.backward));
+  Tensor x = Tensor::from_vector(DType::kFloat32, {1, 3}, std::vector<float>{1, 2, 3});
+  Tensor shard = Tensor::from_vector(DType::kFloat32, {3}, std::vector<float>{1, -1, 2});
+  std::vector<Tensor> out = fwd.run(std::vector<Tensor>{x, shard});
+  // w = [[1, -1], [2, 10], [-10, 20]]: x @ w = [1 + 4 - 30, -1 + 20 + 60] = [-25, 79]
+  EXPECT_FLOAT_EQ(*out[0].data<float>(), 54);
+  std::vector<Tensor> grads = bwd.run(std::vector<Tensor>(out.begin() + 1, out.end()));
+  ASSERT_EQ(grads.size(), 2u);
+  // dx = row sums of w; dw = x^T @ ones = [[1, 1], [2, 2], [3, 3]] flattened [1, 1, 2, 2, 3, 3]
+  std::vector<float> dx = {0, 12, 10}, dshard = {1 + 20, 1 + 30, 2 + 30};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_FLOAT_EQ(grads[0].data<float>()[i], dx[i]);
+    EXPECT_FLOAT_EQ(grads[1].data<float>()[i], dshard[i]);
+  }
+  EXPECT_EQ(gathers, 2);
+  EXPECT_EQ(recomputed, 1);
+  EXPECT_EQ(scatters, 1);
+  set_host_callback({});
+}
+
 Graph python_op_graph(const std::string& func) {
   Graph g;
   g.name = "pyop";

@@ -165,6 +165,27 @@ def _describe(leaf: Any) -> Any:
         return ("const", type(leaf).__name__, repr(leaf))
 
 
+def _zero3_from_options(module: torch.nn.Module) -> None:
+    """GRAPHTRAIN_ENABLE_ZERO_STAGE3=1: shards `module` with graphtrain.distributed.zero3 when
+    torch.distributed runs more than one rank (and it is not sharded yet)."""
+    import torch.distributed as dist  # only here: capture never imports torch.distributed
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        log_once(
+            "WARNING",
+            "GRAPHTRAIN_ENABLE_ZERO_STAGE3=1, but torch.distributed is not initialized with more "
+            "than one rank: parameters are not sharded (initialize the process group, for "
+            "example under torchrun, before creating the GraphModule)",
+            key=("zero3-option",),
+        )
+        return
+    from .distributed import zero3
+    from .distributed._zero3 import is_sharded
+
+    if not is_sharded(module):
+        zero3(module)
+
+
 def _refuse_foreign_shards(module: torch.nn.Module) -> None:
     """Parameters still sharded by another framework when a capture starts (FSDP2's fully_shard on
     a submodule, DeepSpeed without ZeROOffloadSubscriber) cannot be captured: say what to do."""
@@ -228,6 +249,8 @@ class GraphModule(torch.nn.Module):
                 key=("eager-modules", p, type(module).__name__),
             )
         self.eager_modules = _islands.parse([*explicit, *from_env])
+        if opts["enable_zero_stage3"].value and not self._disabled:
+            _zero3_from_options(module)
         if opts["stats_dir"].value:
             subscribe_from_options(module)
 

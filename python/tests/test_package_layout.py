@@ -86,3 +86,18 @@ def test_every_op_a_translator_emits_has_a_kernel():
         op for op in emitted if op not in supported and f"graphtrain::{op}" not in supported
     )
     assert not missing, f"translators emit ops without a kernel: {missing}"
+
+
+def test_capture_does_not_need_torch_distributed():
+    """Capture and the ATen table stand without torch.distributed and graphtrain.distributed
+    (zero3's capture side, _gather, is part of them; its run time side is not)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for name in ("graphtrain._capture", "graphtrain._aten", "graphtrain._gather"):
+        imported = set()
+        for node in ast.walk(ast.parse(modules[name].read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(node.module or "")
+        assert not any(i.startswith("torch.distributed") for i in imported), name
+        assert not any(i.startswith("graphtrain.distributed") for i in _imports(modules[name]))

@@ -114,6 +114,31 @@ def test_hugging_face_gpt2(two: list[dict]) -> None:
     close(two[0]["gpt2"], cases.hf_reference(3))
 
 
+def test_graph_module_with_zero3(two: list[dict]) -> None:
+    r = two[0]
+    close(r["gm"], cases.reference(5)[0])
+    assert r["gm_captures"] == 1
+    assert r["gm_memory"]["parameter_elements"] * 2 == r["gm_memory"]["full_parameter_elements"]
+    assert r["gm_held"] == []
+    # Each group gathered in forward (the tied embedding twice: by tok and by head), gathered
+    # again in backward where the backward reads the weights, its gradient reduce-scattered; no
+    # full parameter is stashed from forward to backward.
+    assert r["gm_gathers"] == r["gm_groups"] + 1
+    assert r["gm_regathers"] >= r["gm_groups"] - 2  # the embeddings' backward reads no weight
+    assert r["gm_scatters"] == r["gm_groups"] + 1
+    assert r["gm_stashed_full"] == []
+
+
+def test_graph_module_zero3_through_the_option(two: list[dict]) -> None:
+    assert two[0]["option_sharded"]
+    close(two[0]["option"], cases.reference(5)[0])
+
+
+def test_graph_module_zero3_hugging_face_gpt2(two: list[dict]) -> None:
+    assert not two[0]["gm_gpt2_eager"]
+    close(two[0]["gm_gpt2"], cases.hf_reference(3))
+
+
 def test_graph_module_under_ddp(two: list[dict]) -> None:
     close(two[0]["ddp"], cases.reference(4)[0])
     assert two[0]["ddp_captures"] == 1  # the engine ran it, not an eager fallback

@@ -85,8 +85,8 @@ def _gathered_buffers(model: torch.nn.Module) -> list[Any]:
     refs: list[Any] = []
     for g in model._graphtrain_zero3.groups:
 
-        def acquire(g: Any = g, acquire: Any = g.acquire) -> None:
-            acquire()
+        def acquire(anchors: list, g: Any = g, acquire: Any = g.acquire) -> None:
+            acquire(anchors)
             if g.full is not None:
                 refs.append(weakref.ref(g.full))
 
@@ -207,7 +207,74 @@ def two_ranks(rank: int, world: int, folder: str) -> dict[str, Any]:
         dist.all_reduce(t)
         losses.append(t.item() / world)
     out["gpt2"] = losses
+    out.update(graph_module(rank, world, folder))
     out.update(data_parallel(rank, world))
+    return out
+
+
+def _reaches_gather(graph: Any, name: str) -> bool:
+    """Whether value `name` of an ONNX graph is a ShardGather's output or a view chain of one."""
+    producer = {o: n for n in graph.node for o in n.output}
+    views = {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice"}
+    n = producer.get(name)
+    while n is not None and n.op_type in views:
+        n = producer.get(n.input[0])
+    return n is not None and n.op_type == "ShardGather"
+
+
+def graph_module(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """zero3 inside GraphModule: explicit, through GRAPHTRAIN_ENABLE_ZERO_STAGE3, and on GPT-2."""
+    import onnx
+
+    import graphtrain
+
+    out: dict[str, Any] = {}
+    saved = os.path.join(folder, f"graphs_{rank}")
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="zero3", save_path=saved)
+    gm = graphtrain.GraphModule(zero3(gpt()), debug_options=debug)
+    opt = torch.optim.AdamW(gm.parameters(), lr=LR)
+    out["gm"] = train(gm, opt, range(5), rank, world)
+    out["gm_captures"] = gm.captures
+    out["gm_memory"] = memory_report(gm.module, opt)
+    out["gm_held"] = [
+        g.unit for g in gm.module._graphtrain_zero3.groups if g.full is not None or g.count
+    ]
+    fwd = onnx.load(os.path.join(saved, "zero3_train_training_forward.onnx")).graph
+    bwd = onnx.load(os.path.join(saved, "zero3_train_training_backward.onnx")).graph
+    out["gm_gathers"] = sum(n.op_type == "ShardGather" for n in fwd.node)
+    out["gm_regathers"] = sum(n.op_type == "ShardGather" for n in bwd.node)
+    out["gm_scatters"] = sum(n.op_type == "ShardGatherGrad" for n in bwd.node)
+    out["gm_stashed_full"] = [o.name for o in fwd.output if _reaches_gather(fwd, o.name)]
+    out["gm_groups"] = len(gm.module._graphtrain_zero3.groups)
+
+    os.environ["GRAPHTRAIN_ENABLE_ZERO_STAGE3"] = "1"
+    graphtrain.reload_options()
+    try:
+        gm = graphtrain.GraphModule(gpt())
+        opt = torch.optim.AdamW(gm.parameters(), lr=LR)
+        out["option"] = train(gm, opt, range(5), rank, world)
+        out["option_sharded"] = hasattr(gm.module, "_graphtrain_zero3")
+    finally:
+        del os.environ["GRAPHTRAIN_ENABLE_ZERO_STAGE3"]
+        graphtrain.reload_options()
+
+    from real_models import gpt2
+
+    torch.manual_seed(0)
+    hf = graphtrain.GraphModule(zero3(gpt2()))
+    opt = torch.optim.AdamW(hf.parameters(), lr=LR)
+    losses = []
+    for step in range(3):
+        ids = batch(step, vocab=96)[0]
+        opt.zero_grad()
+        loss = hf(input_ids=local(ids, rank, world), labels=local(ids, rank, world)).loss
+        loss.backward()
+        opt.step()
+        t = loss.detach().double()
+        dist.all_reduce(t)
+        losses.append(t.item() / world)
+    out["gm_gpt2"] = losses
+    out["gm_gpt2_eager"] = hf._eager
     return out
 
 

@@ -13,6 +13,16 @@
 //                                            `output_shapes` / `output_dtypes` come from the
 //                                            capture
 //   ATenOpGrad(ctx, dy...) -> (dx...)        its gradient, through torch autograd
+//   ShardGather(anchor..., shard) -> full    ZeRO stage 3 (graphtrain.distributed.zero3): the full
+//                                            flat parameters of sharding group `group` (`padded`
+//                                            elements; `shard_size` per rank); the `num_passive`
+//                                            leading anchors are read only to place the node at
+//                                            its module's boundary
+//   ShardGatherGrad(dfull) -> dshard         reduce-scatters the full gradient into the shard's
+//
+// The gradient builder does not stash a ShardGather's output (or views of it) for the backward:
+// the backward graph gathers again (a ShardGather with `recompute` = 1, anchored to the gradient
+// that reaches its first reader), so full parameters live only around their use.
 //
 // `ctx` is an int64 scalar that the host maps to what its forward kept for the backward; the
 // gradient builder stashes it like any value the backward reads.
@@ -34,8 +44,9 @@ using HostCallback =
     std::function<std::vector<Tensor>(const Node& node, const std::vector<Tensor>& inputs)>;
 
 // The callback ops, in graphtrain's domain.
-inline constexpr const char* kCallbackOps[] = {"Hook",         "HookGrad", "PythonOp",
-                                               "PythonOpGrad", "ATenOp",   "ATenOpGrad"};
+inline constexpr const char* kCallbackOps[] = {"Hook",         "HookGrad",       "PythonOp",
+                                               "PythonOpGrad", "ATenOp",         "ATenOpGrad",
+                                               "ShardGather",  "ShardGatherGrad"};
 
 // Installs the host's callback (an empty function removes it). Running a callback node without
 // one throws an Error naming the node.

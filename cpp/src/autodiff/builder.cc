@@ -65,6 +65,89 @@ std::vector<std::string> ops_with_gradient() {
   return out;
 }
 
+// ---- re-gathering sharded parameters in the backward graph ------------------------------------
+
+namespace {
+
+// Ops that only view or convert their first input: a view of gathered parameters is cheap to
+// recompute from a new gather.
+bool is_view_op(const Node* n) {
+  static const std::unordered_set<std::string> views = {
+      "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+      "Flatten",  "Slice",   "Split",     "Cast",    "Expand"};
+  return n->domain.empty() && views.count(n->op_type) != 0;
+}
+
+bool is_gather(const Node* n) {
+  return n && n->domain == kGraphtrainDomain && n->op_type == "ShardGather";
+}
+
+// The backward graph reads forward values; those that are a ShardGather's output or views of one
+// are recomputed in it (a new ShardGather, anchored to the gradient its first reader receives, then
+// the views) instead of being stashed, so that a ZeRO stage-3 model's full parameters are not held
+// from forward to backward (graphtrain/callback.h). Returns `bwd` with the new nodes placed just
+// before their first readers.
+std::vector<Node*> regather_in_backward(Graph& g, const std::vector<Node*>& bwd,
+                                        const std::unordered_set<const Value*>& grad_inputs) {
+  bool any = false;
+  for (Node* n : g.nodes()) any |= is_gather(n);
+  if (!any) return bwd;
+  std::unordered_set<const Node*> in_bwd(bwd.begin(), bwd.end());
+  std::unordered_map<const Value*, Value*> again;  // forward value -> its backward recomputation
+  std::vector<Node*> out;
+  std::function<Value*(Value*, Value*)> recompute = [&](Value* v, Value* anchor) -> Value* {
+    if (auto it = again.find(v); it != again.end()) return it->second;
+    Node* p = v->producer();
+    if (!p || in_bwd.count(p) || !(is_gather(p) || is_view_op(p))) return nullptr;
+    std::vector<Value*> inputs;
+    if (is_gather(p)) {
+      size_t shard = static_cast<size_t>(p->attr_int("num_passive", 0));
+      if (anchor) inputs.push_back(anchor);
+      inputs.push_back(p->input(shard));
+    } else {
+      Value* source = recompute(p->input(0), anchor);
+      if (!source) return nullptr;
+      inputs = p->inputs();
+      inputs[0] = source;
+    }
+    std::vector<std::string> names;
+    for (Value* o : p->outputs()) names.push_back(o ? g.unique_name(o->name() + "_again") : "");
+    Node* copy = g.add_node(p->op_type, inputs, names, p->domain, p->name + "_again");
+    copy->attributes = p->attributes;
+    if (is_gather(p)) {
+      copy->attributes["num_passive"] = Attribute::of(static_cast<int64_t>(anchor ? 1 : 0));
+      copy->attributes["recompute"] = Attribute::of(int64_t{1});
+    }
+    copy->scope = p->scope;
+    for (size_t k = 0; k < p->outputs().size(); ++k) {
+      if (!p->output(k)) continue;
+      copy->output(k)->type = p->output(k)->type;
+      copy->output(k)->sym_value = p->output(k)->sym_value;
+      again[p->output(k)] = copy->output(k);
+    }
+    in_bwd.insert(copy);
+    out.push_back(copy);
+    return again.at(v);
+  };
+  for (Node* n : bwd) {
+    Value* anchor = nullptr;  // the first input the backward computes: the gradient arriving
+    for (Value* in : n->inputs())
+      if (in && (grad_inputs.count(in) || (in->producer() && in_bwd.count(in->producer())))) {
+        anchor = in;
+        break;
+      }
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      Value* in = n->input(i);
+      if (!in || grad_inputs.count(in)) continue;
+      if (Value* r = recompute(in, anchor)) g.replace_input(n, i, r);
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
 // ---- the builder --------------------------------------------------------------------------------
 
 class GradientBuilder {
@@ -392,9 +475,10 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
     else
       bwd.push_back(n);
   }
+  std::unordered_set<const Value*> grad_input_set(grad_inputs.begin(), grad_inputs.end());
+  bwd = regather_in_backward(g, bwd, grad_input_set);
   // Stashed values: read by the backward graph, produced by the forward one (or its inputs).
   std::unordered_set<const Node*> bwd_set(bwd.begin(), bwd.end());
-  std::unordered_set<const Value*> grad_input_set(grad_inputs.begin(), grad_inputs.end());
   std::vector<Value*> stashed;
   std::unordered_set<const Value*> stashed_set;
   for (Node* n : bwd)

@@ -71,6 +71,19 @@ const bool registered = [] {
                       });
     }
   });
+  // ShardGather(anchor..., shard) -> full: the shard's gradient is the full gradient
+  // reduce-scattered.
+  register_gradient(GT, "ShardGather", [](GradientContext& c) {
+    const Node& n = c.node();
+    size_t shard = static_cast<size_t>(n.attr_int("num_passive", 0));
+    if (!c.wants(shard) || !c.output_grad(0)) return;
+    Value* g = c.op("ShardGatherGrad", {c.output_grad(0)},
+                    {{"group", Attribute::of(n.attr_int("group", 0))},
+                     {"shard_size", Attribute::of(n.attr_int("shard_size", 0))}},
+                    GT);
+    g->type = c.input(shard)->type;
+    c.set_grad(shard, g);
+  });
   register_gradient(GT, "PythonOp", [](GradientContext& c) {
     const Node& n = c.node();
     std::map<std::string, Attribute> attributes = {

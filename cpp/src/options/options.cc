@@ -107,8 +107,9 @@ std::vector<OptionSpec> Options::builtin_specs() {
       spec("num_threads", T::kInt, "0", "GRAPHTRAIN_NUM_THREADS",
            "Threads in graphtrain's thread pool; 0 uses one per core (engine).", {}, 0, 4096),
       spec("enable_zero_stage3", T::kBool, "0", "GRAPHTRAIN_ENABLE_ZERO_STAGE3",
-           "Shard parameters, gradients and optimizer state across ranks, ZeRO stage 3 "
-           "(distributed)."),
+           "GraphModule shards its model's parameters, gradients and optimizer state across "
+           "the ranks of torch.distributed (graphtrain.distributed.zero3; build the optimizer "
+           "after the GraphModule)."),
       spec("print_memory_stats", T::kBool, "0", "GRAPHTRAIN_PRINT_MEMORY_STATS",
            "Log the planned and peak memory of each execution plan at INFO (runtime)."),
       spec("eager_modules", T::kString, "", "GRAPHTRAIN_EAGER_MODULES",

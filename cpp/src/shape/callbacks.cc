@@ -148,6 +148,20 @@ const bool registered = [] {
   register_shape_inferer(GT, "PythonOpGrad", grad_through_host);
   register_shape_inferer(GT, "ATenOp", aten_op);
   register_shape_inferer(GT, "ATenOpGrad", grad_through_host);
+  // ShardGather(anchor..., shard) -> full: 1-D, `padded` elements of the shard's dtype.
+  register_shape_inferer(GT, "ShardGather", [](InferenceContext& ctx) {
+    size_t shard = static_cast<size_t>(ctx.node().attr_int("num_passive", 0));
+    if (shard >= ctx.num_inputs()) ctx.fail("a ShardGather needs its shard after its anchors");
+    ctx.set_output(0, ctx.input_dtype(shard), SymShape{SymDim(ctx.node().attr_int("padded", 0))});
+  });
+  // ShardGatherGrad(dfull) -> dshard: 1-D, `shard_size` elements.
+  register_shape_inferer(GT, "ShardGatherGrad", [](InferenceContext& ctx) {
+    size_t grad = static_cast<size_t>(ctx.node().attr_int("num_passive", 0));
+    if (grad >= ctx.num_inputs())
+      ctx.fail("a ShardGatherGrad needs its gradient after its anchors");
+    ctx.set_output(0, ctx.input_dtype(grad),
+                   SymShape{SymDim(ctx.node().attr_int("shard_size", 0))});
+  });
   return true;
 }();
 

@@ -40,7 +40,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils import _pytree as pytree
 
+from .. import _callbacks, _gather
 from ..log import log_once
 
 _STATE_ATTR = "_graphtrain_zero3"
@@ -171,6 +173,8 @@ class _Group:
     padded: int  # numel rounded up to a multiple of the world size
     shard: nn.Parameter
     state: _State
+    unit_module: nn.Module  # holds the shard as attribute `_zero3_shard_K`
+    shard_attr: str
     full: torch.Tensor | None = None  # gathered for forward (an autograd output)
     count: int = 0  # forwards in flight that use it
     backward_full: torch.Tensor | None = None  # gathered again for backward (no autograd)
@@ -214,29 +218,36 @@ class _Group:
 
     # -- forward --
 
-    def acquire(self) -> None:
+    def acquire(self, anchors: list[torch.Tensor]) -> None:
         self.count += 1
         if self.count > 1:
             return
-        self.backward_full = None
-        if self.requires_grad and torch.is_grad_enabled():
-            full = _Gather.apply(self.shard, self)
+        if torch.compiler.is_exporting():
+            # Captured by a GraphModule: a ShardShardGather node at this boundary, reading the shard as the
+            # traced module holds it (the graph's parameter input).
+            full = _gather.gather(
+                anchors, getattr(self.unit_module, self.shard_attr), self.index, self.padded
+            )
         else:
-            full = self.gather_data()
+            self.backward_full = None
+            if self.requires_grad and torch.is_grad_enabled():
+                full = _Gather.apply(self.shard, self)
+            else:
+                full = self.gather_data()
+            self.state.live[full.untyped_storage().data_ptr()] = self
+            self.state.note_forward(self)
         self.full = full
-        self.state.live[full.untyped_storage().data_ptr()] = self
         for e in self.entries:
             view = full[e.offset : e.offset + e.numel].view(e.shape)
             for module, attr in e.refs:
                 module.__dict__[attr] = view
-        self.state.note_forward(self)
 
     def release(self) -> None:
         self.count -= 1
         if self.count > 0:
             return
         full, self.full = self.full, None
-        if full is not None:
+        if full is not None and not torch.compiler.is_exporting():
             self.state.live.pop(full.untyped_storage().data_ptr(), None)
         for e in self.entries:
             for module, attr in e.refs:
@@ -518,6 +529,8 @@ def zero3(
             padded=padded,
             shard=shard,
             state=state,
+            unit_module=u,
+            shard_attr=f"_zero3_shard_{k}",
         )
         state.groups.append(g)
         for e, p in zip(entries, ps):
@@ -577,20 +590,33 @@ def _wrap_forward(m: nn.Module, groups: list[_Group], state: _State, is_root: bo
     original = m.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        exporting = torch.compiler.is_exporting()
+        anchors = []
+        if (
+            exporting and groups
+        ):  # the module's first input tensor places its ShardShardShardGather nodes
+            first = next((x for x in pytree.tree_leaves((args, kwargs)) if _is_tensor(x)), None)
+            anchors = [first] if first is not None else []
         for g in groups:
-            g.acquire()
+            g.acquire(anchors)
         try:
+            if exporting:
+                return original(*args, **kwargs)
             with torch.autograd.graph.saved_tensors_hooks(state.pack, state.unpack):
                 return original(*args, **kwargs)
         finally:
             for g in groups:
                 g.release()
-            if is_root:
+            if is_root and not exporting:
                 state.finish_order()
 
     forward.__wrapped__ = original  # type: ignore[attr-defined]
     forward._graphtrain_zero3 = True  # type: ignore[attr-defined]
     m.forward = forward
+
+
+def is_sharded(module: nn.Module) -> bool:
+    return hasattr(module, _STATE_ATTR)
 
 
 def state_of(module: nn.Module) -> _State:
@@ -601,3 +627,49 @@ def state_of(module: nn.Module) -> _State:
             "(call zero3(model) first, on the model you pass here)"
         )
     return state
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+# ---- inside a GraphModule: the ShardGather / ShardGatherGrad callback nodes --------------------------------
+
+_states: weakref.WeakKeyDictionary[nn.Module, _State] = weakref.WeakKeyDictionary()
+
+
+def _group_of(attrs: dict) -> _Group:
+    """The group a ShardShardGather node names, in the zero3 model the running GraphModule wraps."""
+    module = _callbacks.current_run().module
+    state = _states.get(module)
+    if state is None:
+        found = [m for m in module.modules() if hasattr(m, _STATE_ATTR)]
+        if len(found) != 1:
+            raise ShardingError(
+                f"a ShardShardGather node ran in a GraphModule of {type(module).__name__}, which holds "
+                f"{len(found)} models sharded by zero3; it needs exactly one (apply zero3 once, "
+                "to the model you wrap)"
+            )
+        state = _states[module] = getattr(found[0], _STATE_ATTR)
+    return state.groups[int(attrs["group"])]
+
+
+def _gather_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
+    g = _group_of(attrs)
+    full = g.gather_data()
+    if attrs.get("recompute"):  # the backward graph gathering again
+        g.state.finish_order()
+        g.state.note_backward(g)
+    else:
+        g.state.note_forward(g)
+    return [full]
+
+
+def _gather_grad_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
+    g = _group_of(attrs)
+    g.state.finish_order()
+    return [g.reduce_scatter(inputs[-1])]
+
+
+_callbacks.register_handler("ShardGather", _gather_handler)
+_callbacks.register_handler("ShardGatherGrad", _gather_grad_handler)
