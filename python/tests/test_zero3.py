@@ -139,6 +139,19 @@ def test_graph_module_zero3_hugging_face_gpt2(two: list[dict]) -> None:
     close(two[0]["gm_gpt2"], cases.hf_reference(3))
 
 
+def test_statistics_and_logs_per_rank(two: list[dict]) -> None:
+    for r in two:
+        names = r["stats_names"]
+        assert any(n.endswith("_forward") for n in names) and any(
+            n.endswith("_backward") for n in names
+        ), names
+    assert "a warning on rank 0" in two[0]["log"]
+    assert "warning" not in two[1]["log"]  # WARNING and above: rank 0 only
+    for rank, r in enumerate(two):  # INFO and below: every rank, marked with it
+        line = next(x for x in r["log"].splitlines() if f"an info line on rank {rank}" in x)
+        assert f"[rank {rank}]" in line, line
+
+
 def test_graph_module_under_ddp(two: list[dict]) -> None:
     close(two[0]["ddp"], cases.reference(4)[0])
     assert two[0]["ddp_captures"] == 1  # the engine ran it, not an eager fallback

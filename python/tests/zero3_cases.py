@@ -208,6 +208,7 @@ def two_ranks(rank: int, world: int, folder: str) -> dict[str, Any]:
         losses.append(t.item() / world)
     out["gpt2"] = losses
     out.update(graph_module(rank, world, folder))
+    out.update(per_rank(rank, world, folder))
     out.update(data_parallel(rank, world))
     return out
 
@@ -275,6 +276,41 @@ def graph_module(rank: int, world: int, folder: str) -> dict[str, Any]:
         losses.append(t.item() / world)
     out["gm_gpt2"] = losses
     out["gm_gpt2_eager"] = hf._eager
+    return out
+
+
+def per_rank(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """Statistics dumps and logs of a sharded GraphModule, rank by rank."""
+    import sys
+
+    import graphtrain
+    from graphtrain.hooks import StatisticsSubscriber, SubscriberManager
+
+    out: dict[str, Any] = {}
+    model = zero3(gpt())
+    stats = os.path.join(folder, "stats")
+    SubscriberManager().subscribe(model, [StatisticsSubscriber(stats, text=False)])
+    gm = graphtrain.GraphModule(model)
+    ids, targets = batch(0)
+    gm(local(ids, rank, world), local(targets, rank, world)).backward()
+    order = os.path.join(stats, f"rank_{rank}", "step_0", "order.txt")
+    out["stats_names"] = open(order).read().split()
+
+    log_file = os.path.join(folder, f"log_{rank}.txt")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log_file, "w") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        graphtrain.log("WARNING", f"a warning on rank {rank}")  # the default level
+        graphtrain.set_log_level("INFO")
+        graphtrain.log("INFO", f"an info line on rank {rank}")
+    finally:
+        graphtrain.set_log_level("WARNING")
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+    out["log"] = open(log_file).read()
     return out
 
 
