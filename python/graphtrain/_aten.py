@@ -483,7 +483,8 @@ def _split(n: torch.fx.Node, t: Translator) -> list[str]:
     ]
     if None in sizes:
         t.unsupported(n, "a split along a dynamic dimension")
-    return t.emit("Split", [t.value(x), t.ints(sizes)], n_out=len(sizes), axis=dim)
+    outs = t.emit("Split", [t.value(x), t.ints(sizes)], n_out=len(sizes), axis=dim)
+    return [outs] if len(sizes) == 1 else outs  # one part: emit gives a name, not a list
 
 
 @op(operator.getitem)

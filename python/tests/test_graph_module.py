@@ -395,3 +395,21 @@ def test_graph_passes_and_their_switches(tmp_path):
         "fold_transposes, fuse_elementwise",
     ):
         GraphModule(nn.Linear(2, 2))(torch.randn(1, 2)).sum().backward()
+
+
+def test_split_into_one_part():
+    class OnePart(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(12))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            (whole,) = self.w.split([12])
+            return (x * whole.view(3, 4)).sum()
+
+    torch.manual_seed(0)
+    model, x = OnePart(), torch.randn(3, 4)
+    gm = GraphModule(copy.deepcopy(model))
+    torch.testing.assert_close(gm(x), model(x))
+    gm(x).backward()
+    torch.testing.assert_close(gm.module.w.grad, x.reshape(-1))

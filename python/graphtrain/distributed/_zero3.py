@@ -193,12 +193,15 @@ class _Group:
         return work, buf
 
     def prefetch(self) -> None:
-        if self.pending is None:
+        if self.pending is None and self.state.world > 1:
             work, buf = self._start_gather()
             self.pending = (work, buf, self.shard._version)
 
     def gather_data(self) -> torch.Tensor:
-        """The full flat buffer from the shards: a prefetched one if still valid, else now."""
+        """The full flat buffer from the shards: a prefetched one if still valid, else now (with
+        one rank, the shard itself)."""
+        if self.state.world == 1:
+            return self.shard.detach()
         if self.pending is not None:
             work, buf, version = self.pending
             self.pending = None
@@ -212,6 +215,8 @@ class _Group:
         return buf
 
     def reduce_scatter(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.state.world == 1:
+            return grad
         out = torch.empty(self.shard_size, dtype=grad.dtype)
         _reduce_scatter(out, grad.contiguous(), group=self.state.group)
         return out.div_(self.state.world)
@@ -237,8 +242,13 @@ class _Group:
             self.state.live[full.untyped_storage().data_ptr()] = self
             self.state.note_forward(self)
         self.full = full
-        for e in self.entries:
-            view = full[e.offset : e.offset + e.numel].view(e.shape)
+        # One split, not a slice per parameter: its gradient is one concatenation (a slice's is a
+        # zero-filled full-size buffer each).
+        sizes = [e.numel for e in self.entries]
+        if self.padded > self.numel:
+            sizes.append(self.padded - self.numel)
+        for e, part in zip(self.entries, full.split(sizes)):
+            view = part.view(e.shape)
             for module, attr in e.refs:
                 module.__dict__[attr] = view
 
