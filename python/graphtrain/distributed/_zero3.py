@@ -16,9 +16,9 @@ when the module's forward returns. Saved tensors that are views of a gathered bu
 their geometry (saved_tensors_hooks), so the autograd graph does not keep full parameters alive.
 
 Backward. The first unpack of a group gathers it again (kept until the group's `_Gather.backward`,
-which runs after every use's backward); `_Gather.backward` reduce-scatters the full gradient (sum,
-then / N) into the shard, and torch accumulates it into the shard's .grad as for any leaf, so
-gradient accumulation works unchanged. Parameters under `persistence_threshold` elements stay whole
+which runs after every use's backward); `_Gather.backward` starts an asynchronous reduce-scatter of
+the full gradient (sum, then / N), and when the backward ends the results are added to the shards'
+.grad (set when None), as torch accumulates a leaf's: gradient accumulation works unchanged. Parameters under `persistence_threshold` elements stay whole
 on every rank and their gradients are all-reduced (averaged) once accumulated.
 
 Prefetch. The order in which groups are gathered in the first forward is kept; gathering one starts
@@ -287,11 +287,18 @@ class _Gather(torch.autograd.Function):
         return group.gather_data()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         group: _Group = ctx.group
         group.backward_full = None  # every use of the gathered parameters has run its backward
         group.backward_weak = None
-        return group.reduce_scatter(grad), None
+        if group.state.world == 1:
+            return grad, None
+        # Asynchronous: the rest of the backward runs while it reduces; the shard's .grad gets it
+        # when the backward ends (_State.finish_gradients).
+        out = torch.empty(group.shard_size, dtype=grad.dtype)
+        work = _reduce_scatter(out, grad.contiguous(), group=group.state.group, async_op=True)
+        group.state.queue_gradient(group, work, out)
+        return None, None
 
 
 @dataclass(frozen=True)
@@ -318,11 +325,29 @@ class _State:
     hook_handles: list[Any] = field(default_factory=list)
     # gathers served by a prefetch, and gathers waited for
     counts: dict[str, int] = field(default_factory=lambda: {"prefetched": 0, "waited": 0})
+    reducing: list[tuple[_Group, Any, torch.Tensor]] = field(default_factory=list)
 
     @property
     def src(self) -> int:
         """The global rank of the group's rank 0 (broadcasts come from it)."""
         return dist.get_global_rank(self.group, 0) if self.group is not None else 0
+
+    def queue_gradient(self, g: _Group, work: Any, out: torch.Tensor) -> None:
+        if not self.reducing:
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradients)
+        self.reducing.append((g, work, out))
+
+    def finish_gradients(self) -> None:
+        """At the end of a backward: the reduce-scattered gradients into the shards' .grad,
+        accumulating as torch does for a leaf."""
+        pending, self.reducing = self.reducing, []
+        for g, work, out in pending:
+            work.wait()
+            out.div_(self.world)
+            if g.shard.grad is None:
+                g.shard.grad = out
+            else:
+                g.shard.grad.add_(out)
 
     def note_forward(self, g: _Group) -> None:
         if not self.order_done:
