@@ -18,7 +18,8 @@ their geometry (saved_tensors_hooks), so the autograd graph does not keep full p
 Backward. The first unpack of a group gathers it again (kept until the group's `_Gather.backward`,
 which runs after every use's backward); `_Gather.backward` starts an asynchronous reduce-scatter of
 the full gradient (sum, then / N), and when the backward ends the results are added to the shards'
-.grad (set when None), as torch accumulates a leaf's: gradient accumulation works unchanged. Parameters under `persistence_threshold` elements stay whole
+.grad (set when None), as torch accumulates a leaf's: gradient accumulation works unchanged.
+Parameters under `persistence_threshold` elements stay whole
 on every rank and their gradients are all-reduced (averaged) once accumulated.
 
 Prefetch. The order in which groups are gathered in the first forward is kept; gathering one starts
