@@ -84,6 +84,10 @@ def test_gradient_accumulation(two: list[dict]) -> None:
     close(two[0]["accumulate"], cases.reference(3, micros=2)[0])
 
 
+def test_gradients_through_reduce_scatter(two: list[dict]) -> None:
+    close(two[0]["reduce_scatter"], cases.reference(3)[0])
+
+
 def test_units_and_persistent_parameters(two: list[dict]) -> None:
     losses, state = cases.reference(5)
     close(two[0]["units"], losses)

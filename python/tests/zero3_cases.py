@@ -135,6 +135,12 @@ def two_ranks(rank: int, world: int, folder: str) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     out["accumulate"] = train(model, opt, range(3), rank, world, micros=2)
 
+    # Gradients through reduce-scatter (NCCL's way; gloo's default here is all-reduce).
+    model = zero3(gpt())
+    model._graphtrain_zero3.all_reduce = False
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    out["reduce_scatter"] = train(model, opt, range(3), rank, world)
+
     # Whole blocks as units, small parameters persistent.
     from models import Block
 

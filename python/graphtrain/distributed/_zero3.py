@@ -19,8 +19,8 @@ Backward. The first unpack of a group gathers it again (kept until the group's `
 which runs after every use's backward); `_Gather.backward` starts an asynchronous reduce-scatter of
 the full gradient (sum, then / N), and when the backward ends the results are added to the shards'
 .grad (set when None), as torch accumulates a leaf's: gradient accumulation works unchanged.
-Parameters under `persistence_threshold` elements stay whole
-on every rank and their gradients are all-reduced (averaged) once accumulated.
+Parameters under `persistence_threshold` elements stay whole on every rank and their gradients are
+all-reduced (averaged) once accumulated.
 
 Prefetch. The order in which groups are gathered in the first forward is kept; gathering one starts
 an asynchronous gather of the next in forward, and of the previous one in backward. A prefetched
@@ -215,12 +215,19 @@ class _Group:
         work.wait()
         return buf
 
-    def reduce_scatter(self, grad: torch.Tensor) -> torch.Tensor:
-        if self.state.world == 1:
-            return grad
-        out = torch.empty(self.shard_size, dtype=grad.dtype)
-        _reduce_scatter(out, grad.contiguous(), group=self.state.group)
-        return out.div_(self.state.world)
+    def reduce_gradient(self, grad: torch.Tensor) -> None:
+        """Starts reducing the full gradient `grad` (which this call may overwrite) across the
+        ranks; this rank's slice goes into the shard's .grad when the backward ends."""
+        state = self.state
+        if state.all_reduce:
+            # gloo's reduce-scatter is slower than its all-reduce (12.6 MB between 2 ranks here:
+            # 26 ms against 15.5): reduce all of it in place and keep this rank's slice.
+            work = dist.all_reduce(grad, group=state.group, async_op=True)
+            out = grad[state.rank * self.shard_size : (state.rank + 1) * self.shard_size]
+        else:
+            out = torch.empty(self.shard_size, dtype=grad.dtype)
+            work = _reduce_scatter(out, grad, group=state.group, async_op=True)
+        state.queue_gradient(self, work, out)
 
     # -- forward --
 
@@ -296,9 +303,7 @@ class _Gather(torch.autograd.Function):
             return grad, None
         # Asynchronous: the rest of the backward runs while it reduces; the shard's .grad gets it
         # when the backward ends (_State.finish_gradients).
-        out = torch.empty(group.shard_size, dtype=grad.dtype)
-        work = _reduce_scatter(out, grad.contiguous(), group=group.state.group, async_op=True)
-        group.state.queue_gradient(group, work, out)
+        group.reduce_gradient(grad.contiguous())
         return None, None
 
 
@@ -322,11 +327,13 @@ class _State:
     keys: list[str] = field(default_factory=list)  # the model's state_dict keys before sharding
     live: dict[int, _Group] = field(default_factory=dict)  # storage pointer -> gathered group
     order: list[_Group] = field(default_factory=list)  # gather order of the first forward
+    position: dict[_Group, int] = field(default_factory=dict)  # index in `order`, once done
     order_done: bool = False
     hook_handles: list[Any] = field(default_factory=list)
     # gathers served by a prefetch, and gathers waited for
     counts: dict[str, int] = field(default_factory=lambda: {"prefetched": 0, "waited": 0})
     reducing: list[tuple[_Group, Any, torch.Tensor]] = field(default_factory=list)
+    all_reduce: bool = False  # reduce gradients with all-reduce (gloo), not reduce-scatter
 
     @property
     def src(self) -> int:
@@ -344,7 +351,7 @@ class _State:
         pending, self.reducing = self.reducing, []
         for g, work, out in pending:
             work.wait()
-            out.div_(self.world)
+            out = out.div_(self.world) if out._base is None else out.div(self.world)
             if g.shard.grad is None:
                 g.shard.grad = out
             else:
@@ -516,7 +523,13 @@ def zero3(
 
     assign(module, module)
 
-    state = _State(group=group, world=world, rank=rank, keys=list(module.state_dict().keys()))
+    state = _State(
+        group=group,
+        world=world,
+        rank=rank,
+        keys=list(module.state_dict().keys()),
+        all_reduce=dist.get_backend(group) == "gloo",
+    )
     by_key: dict[tuple[nn.Module, torch.dtype, bool], list[nn.Parameter]] = {}
     for pid, holders in refs.items():
         p = params[pid]
@@ -704,7 +717,12 @@ def _gather_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
 def _gather_grad_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
     g = _group_of(attrs)
     g.state.finish_order()
-    return [g.reduce_scatter(inputs[-1])]
+    if g.state.world == 1:
+        return [inputs[-1]]
+    # As in eager: reduced asynchronously (from a copy: the engine reuses its memory), into the
+    # shard's .grad when torch's backward ends; the graph's own gradient for the shard is zero.
+    g.reduce_gradient(inputs[-1].clone())
+    return [torch.zeros(g.shard_size, dtype=inputs[-1].dtype)]
 
 
 _callbacks.register_handler("ShardGather", _gather_handler)
