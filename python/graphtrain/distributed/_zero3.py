@@ -55,6 +55,9 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+IN_FLIGHT = 2  # gradient reductions running at once, each holding a full gradient
+
+
 class ShardingError(RuntimeError):
     """zero3 cannot shard this model, or a sharded model is used in a way that cannot work."""
 
@@ -344,11 +347,16 @@ class _State:
         if not self.reducing:
             torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradients)
         self.reducing.append((g, work, out))
+        # At most IN_FLIGHT full gradients wait for their reduction: more would hold the full
+        # gradients that sharding is there to avoid.
+        if len(self.reducing) > IN_FLIGHT:
+            self.finish_gradients(keep=IN_FLIGHT)
 
-    def finish_gradients(self) -> None:
-        """At the end of a backward: the reduce-scattered gradients into the shards' .grad,
-        accumulating as torch does for a leaf."""
-        pending, self.reducing = self.reducing, []
+    def finish_gradients(self, keep: int = 0) -> None:
+        """The reduced gradients into the shards' .grad, accumulating as torch does for a leaf: all
+        of them when the backward ends, all but the `keep` newest while it runs."""
+        cut = len(self.reducing) - keep
+        pending, self.reducing = self.reducing[:cut], self.reducing[cut:]
         for g, work, out in pending:
             work.wait()
             out = out.div_(self.world) if out._base is None else out.div(self.world)
