@@ -190,8 +190,14 @@ def _refuse_foreign_shards(module: torch.nn.Module) -> None:
     """Parameters still sharded by another framework when a capture starts (FSDP2's fully_shard on
     a submodule, DeepSpeed without ZeROOffloadSubscriber) cannot be captured: say what to do."""
     for name, p in module.named_parameters():
-        kind = type(p).__name__
-        if kind == "DTensor":
+        if hasattr(p, "ds_id"):
+            raise UnsupportedModelError(
+                f"parameter '{name}' of {type(module).__name__} is partitioned by DeepSpeed ZeRO "
+                f"stage 3 (shape {list(p.shape)} outside its hooks); graphtrain cannot capture it "
+                "yet (graphtrain.hooks.ZeROOffloadSubscriber is not built). Shard with "
+                "graphtrain.distributed.zero3(model) and wrap the result in GraphModule instead."
+            )
+        if type(p).__name__ == "DTensor":
             raise UnsupportedModelError(
                 f"parameter '{name}' of {type(module).__name__} is a DTensor (FSDP2 fully_shard on "
                 "a submodule, or tensor parallelism) when the GraphModule captures its forward; "
