@@ -51,7 +51,7 @@ apt:
 
 $(VENV_STAMP): requirements-dev.txt | apt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -r requirements-dev.txt
+	DS_BUILD_OPS=0 $(PIP) install -q -r requirements-dev.txt
 	@touch $@
 
 # Editable install through scikit-build-core into a fixed build folder: ninja rebuilds only what

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import OrderedDict
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C, _cache, _fallback, _islands, custom_function
+from . import _C, _cache, _fallback, _gather, _islands, custom_function
 from ._callbacks import CallbackRun, recording
 from ._capture import Captured, capture, dynamic_dims
 from ._options import options
@@ -46,8 +47,18 @@ class _Runner:
         self.captured = captured
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.buffers = dict(module.named_buffers(remove_duplicate=False))
+        # DeepSpeed stage-3 parameters: the graph gets a size-0 placeholder, gathers them itself
+        # and hands their gradients to DeepSpeed (graphtrain/distributed/_deepspeed.py), so torch
+        # autograd gets none.
+        self.by_layout = {
+            k
+            for k, gi in enumerate(captured.inputs)
+            if gi.kind == "param" and hasattr(self.params[gi.key], "ds_id")
+        }
+        self._placeholders: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         self.n_out = len(captured.outputs)
         custom_function.prepare(captured.model)  # PythonOps: their Functions and shape inferers
+        _gather.count_uses(captured.model)
         model = Model.from_bytes(captured.model.SerializeToString())
         names = [i.name for i in captured.inputs]
         self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
@@ -83,14 +94,26 @@ class _Runner:
 
     def tensors(self, flat_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         out = []
-        for gi in self.captured.inputs:
+        for k, gi in enumerate(self.captured.inputs):
             if gi.kind == "param":
-                out.append(self.params[gi.key])
+                p = self.params[gi.key]
+                if k in self.by_layout:
+                    # Never the parameter itself: torch would run its gradient hooks (DeepSpeed's)
+                    # even for the None gradient it gets.
+                    p = self._placeholder(p.dtype, p.requires_grad)
+                out.append(p)
             elif gi.kind == "buffer":
                 out.append(self.buffers[gi.key])
             else:
                 out.append(flat_tensors[gi.key])
         return out
+
+    def _placeholder(self, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
+        key = (dtype, requires_grad)
+        t = self._placeholders.get(key)
+        if t is None:
+            t = self._placeholders[key] = torch.empty(0, dtype=dtype, requires_grad=requires_grad)
+        return t
 
     def write_buffers(self, updates: list[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -126,7 +149,8 @@ class _EngineFunction(torch.autograd.Function):
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):
             if name:
-                out[index] = next(results)
+                grad = next(results)
+                out[index] = None if index in runner.by_layout else grad
         return (None, None, *out)
 
 
@@ -188,15 +212,8 @@ def _zero3_from_options(module: torch.nn.Module) -> None:
 
 def _refuse_foreign_shards(module: torch.nn.Module) -> None:
     """Parameters still sharded by another framework when a capture starts (FSDP2's fully_shard on
-    a submodule, DeepSpeed without ZeROOffloadSubscriber) cannot be captured: say what to do."""
+    a submodule) cannot be captured: say what to do."""
     for name, p in module.named_parameters():
-        if hasattr(p, "ds_id"):
-            raise UnsupportedModelError(
-                f"parameter '{name}' of {type(module).__name__} is partitioned by DeepSpeed ZeRO "
-                f"stage 3 (shape {list(p.shape)} outside its hooks); graphtrain cannot capture it "
-                "yet (graphtrain.hooks.ZeROOffloadSubscriber is not built). Shard with "
-                "graphtrain.distributed.zero3(model) and wrap the result in GraphModule instead."
-            )
         if type(p).__name__ == "DTensor":
             raise UnsupportedModelError(
                 f"parameter '{name}' of {type(module).__name__} is a DTensor (FSDP2 fully_shard on "
@@ -205,6 +222,16 @@ def _refuse_foreign_shards(module: torch.nn.Module) -> None:
                 "graphtrain.distributed.zero3(model) and wrap the result in GraphModule, or apply "
                 "fully_shard to the GraphModule itself (one unit)."
             )
+
+
+def _deepspeed_layout(module: torch.nn.Module) -> Any:
+    """The model's ZeROOffloadSubscriber when DeepSpeed's ZeRO stage 3 partitions its parameters
+    (graphtrain/distributed/_deepspeed.py), else None."""
+    if not any(hasattr(p, "ds_id") for p in module.parameters()):
+        return None
+    from .distributed._deepspeed import attach
+
+    return attach(module)
 
 
 class GraphModule(torch.nn.Module):
@@ -240,6 +267,9 @@ class GraphModule(torch.nn.Module):
         self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
+        self._zero_offload: Any = (
+            None  # DeepSpeed stage 3's ZeROOffloadSubscriber, found at capture
+        )
         opts = options()
         self._disabled = opts["disable"].value  # GRAPHTRAIN_DISABLE: a pass-through
         explicit = _islands.parse(eager_modules)
@@ -285,7 +315,8 @@ class GraphModule(torch.nn.Module):
                     key_schema = (key_schema, ("eager", self.eager_modules))
                 runner = self._capture(flat, spec, key_schema)
             except UnsupportedModelError as e:
-                if options()["fallback_policy"].value == "EAGER":
+                # (not a DeepSpeed model: its hooks are no longer on its modules)
+                if options()["fallback_policy"].value == "EAGER" and self._zero_offload is None:
                     log_once(
                         "WARNING",
                         f"{e} Running {type(self.module).__name__} in plain PyTorch "
@@ -298,6 +329,8 @@ class GraphModule(torch.nn.Module):
             self._keep(key, runner, args, kwargs)
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         all_inputs = runner.tensors(tensors_in)
+        if self._zero_offload is not None:
+            self._zero_offload.before_forward()
         needs_grad = (
             torch.is_grad_enabled()
             and runner.forward is not None
@@ -310,6 +343,8 @@ class GraphModule(torch.nn.Module):
                 res = runner.infer.run([t.detach() for t in all_inputs])
             runner.write_buffers(res[runner.n_out :])
             outs = res[: runner.n_out]
+        if self._zero_offload is not None:
+            self._zero_offload.after_forward()
         it = iter(outs)
         leaves = [
             next(it)
@@ -349,6 +384,7 @@ class GraphModule(torch.nn.Module):
     def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
         refresh_rank()
         _refuse_foreign_shards(self.module)
+        self._zero_offload = _deepspeed_layout(self.module)
         t0 = time.perf_counter()
         label = "train" if self.module.training else "eval"
         captured = None
@@ -376,6 +412,11 @@ class GraphModule(torch.nn.Module):
                     contexts=(
                         *CAPTURE_CONTEXTS,
                         lambda m: _islands.islands(m, self.eager_modules),
+                        lambda m: (
+                            self._zero_offload.capturing()
+                            if self._zero_offload is not None
+                            else contextlib.nullcontext()
+                        ),
                     ),
                     fallback=options()["fallback_policy"].value == "ATEN",
                 )

@@ -13,12 +13,14 @@
 //                                            `output_shapes` / `output_dtypes` come from the
 //                                            capture
 //   ATenOpGrad(ctx, dy...) -> (dx...)        its gradient, through torch autograd
-//   ShardGather(anchor..., shard) -> full    ZeRO stage 3 (graphtrain.distributed.zero3): the full
+//   ShardGather(anchor..., shard) -> full    ZeRO stage 3 (graphtrain.distributed.zero3, or
+//                                            DeepSpeed's through ZeROOffloadSubscriber): the full
 //                                            flat parameters of sharding group `group` (`padded`
 //                                            elements; `shard_size` per rank); the `num_passive`
 //                                            leading anchors are read only to place the node at
-//                                            its module's boundary
-//   ShardGatherGrad(dfull) -> dshard         reduce-scatters the full gradient into the shard's
+//                                            its module's boundary; `unit`, `uses` are the host's
+//   ShardGatherGrad(dfull) -> dshard         hands the full gradient to the host, which reduces
+//                                            it into the shards (attributes: the gather's)
 //
 // The gradient builder does not stash a ShardGather's output (or views of it) for the backward:
 // the backward graph gathers again (a ShardGather with `recompute` = 1, anchored to the gradient

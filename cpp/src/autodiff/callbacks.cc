@@ -77,10 +77,11 @@ const bool registered = [] {
     const Node& n = c.node();
     size_t shard = static_cast<size_t>(n.attr_int("num_passive", 0));
     if (!c.wants(shard) || !c.output_grad(0)) return;
-    Value* g = c.op("ShardGatherGrad", {c.output_grad(0)},
-                    {{"group", Attribute::of(n.attr_int("group", 0))},
-                     {"shard_size", Attribute::of(n.attr_int("shard_size", 0))}},
-                    GT);
+    // The gather's own attributes (group, shard_size, and the host's: unit, uses) name what the
+    // gradient belongs to; it has no anchors and is not a recomputation.
+    std::map<std::string, Attribute> attributes = n.attributes;
+    for (const char* name : {"num_passive", "padded", "recompute"}) attributes.erase(name);
+    Value* g = c.op("ShardGatherGrad", {c.output_grad(0)}, std::move(attributes), GT);
     g->type = c.input(shard)->type;
     c.set_grad(shard, g);
   });

@@ -43,7 +43,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
-from .. import _callbacks, _gather
+from .. import _gather
 from ..log import log_once
 
 _STATE_ATTR = "_graphtrain_zero3"
@@ -239,7 +239,7 @@ class _Group:
         if self.count > 1:
             return
         if torch.compiler.is_exporting():
-            # Captured by a GraphModule: a ShardShardGather node at this boundary, reading the shard as the
+            # Captured by a GraphModule: a ShardGather node at this boundary, reading the shard as the
             # traced module holds it (the graph's parameter input).
             full = _gather.gather(
                 anchors, getattr(self.unit_module, self.shard_attr), self.index, self.padded
@@ -389,6 +389,29 @@ class _State:
         if not self.order_done and self.order:
             self.order_done = True
             self.position = {g: k for k, g in enumerate(self.order)}
+
+    # inside a GraphModule: the ShardGather / ShardGatherGrad nodes (graphtrain/_gather.py)
+
+    def gather(self, attrs: dict) -> torch.Tensor:
+        g = self.groups[int(attrs["group"])]
+        full = g.gather_data()
+        if attrs.get("recompute"):  # the backward graph gathering again
+            self.finish_order()
+            self.note_backward(g)
+        else:
+            self.note_forward(g)
+        return full
+
+    def gradient(self, attrs: dict, grad: torch.Tensor) -> torch.Tensor:
+        g = self.groups[int(attrs["group"])]
+        self.finish_order()
+        if self.world == 1:
+            return grad
+        # As in eager: reduced asynchronously (from a copy: the engine reuses its memory), into
+        # the shard's .grad when torch's backward ends; the graph's own gradient for the shard is
+        # zero.
+        g.reduce_gradient(grad.clone())
+        return torch.zeros(g.shard_size, dtype=grad.dtype)
 
     # saved-tensor hooks: views of gathered buffers are kept as their geometry
 
@@ -620,6 +643,7 @@ def zero3(
     if module not in readers:
         _wrap_forward(module, [], state, is_root=True)
     setattr(module, _STATE_ATTR, state)
+    setattr(module, _gather.LAYOUT_ATTR, state)
     if _step_hook is None:
         _step_hook = register_optimizer_step_pre_hook(_optimizer_step_check)
     sharded = sum(g.numel for g in state.groups)
@@ -649,9 +673,7 @@ def _wrap_forward(m: nn.Module, groups: list[_Group], state: _State, is_root: bo
     def forward(*args: Any, **kwargs: Any) -> Any:
         exporting = torch.compiler.is_exporting()
         anchors = []
-        if (
-            exporting and groups
-        ):  # the module's first input tensor places its ShardShardShardGather nodes
+        if exporting and groups:  # the module's first input tensor places its ShardGather nodes
             first = next((x for x in pytree.tree_leaves((args, kwargs)) if _is_tensor(x)), None)
             anchors = [first] if first is not None else []
         for g in groups:
@@ -688,50 +710,3 @@ def state_of(module: nn.Module) -> _State:
 
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-# ---- inside a GraphModule: the ShardGather / ShardGatherGrad callback nodes --------------------------------
-
-_states: weakref.WeakKeyDictionary[nn.Module, _State] = weakref.WeakKeyDictionary()
-
-
-def _group_of(attrs: dict) -> _Group:
-    """The group a ShardShardGather node names, in the zero3 model the running GraphModule wraps."""
-    module = _callbacks.current_run().module
-    state = _states.get(module)
-    if state is None:
-        found = [m for m in module.modules() if hasattr(m, _STATE_ATTR)]
-        if len(found) != 1:
-            raise ShardingError(
-                f"a ShardShardGather node ran in a GraphModule of {type(module).__name__}, which holds "
-                f"{len(found)} models sharded by zero3; it needs exactly one (apply zero3 once, "
-                "to the model you wrap)"
-            )
-        state = _states[module] = getattr(found[0], _STATE_ATTR)
-    return state.groups[int(attrs["group"])]
-
-
-def _gather_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
-    g = _group_of(attrs)
-    full = g.gather_data()
-    if attrs.get("recompute"):  # the backward graph gathering again
-        g.state.finish_order()
-        g.state.note_backward(g)
-    else:
-        g.state.note_forward(g)
-    return [full]
-
-
-def _gather_grad_handler(attrs: dict, inputs: list[Any]) -> list[Any]:
-    g = _group_of(attrs)
-    g.state.finish_order()
-    if g.state.world == 1:
-        return [inputs[-1]]
-    # As in eager: reduced asynchronously (from a copy: the engine reuses its memory), into the
-    # shard's .grad when torch's backward ends; the graph's own gradient for the shard is zero.
-    g.reduce_gradient(inputs[-1].clone())
-    return [torch.zeros(g.shard_size, dtype=inputs[-1].dtype)]
-
-
-_callbacks.register_handler("ShardGather", _gather_handler)
-_callbacks.register_handler("ShardGatherGrad", _gather_grad_handler)

@@ -13,6 +13,16 @@ __all__ = [
     "StatisticsSubscriber",
     "SubscriberBase",
     "SubscriberManager",
+    "ZeROOffloadSubscriber",
     "inspect_activation",
     "read_sidecar",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Lazily: it imports torch.distributed, which graphtrain's capture never does.
+    if name == "ZeROOffloadSubscriber":
+        from ..distributed._deepspeed import ZeROOffloadSubscriber
+
+        return ZeROOffloadSubscriber
+    raise AttributeError(f"module 'graphtrain.hooks' has no attribute {name!r}")
