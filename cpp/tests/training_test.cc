@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "graphtrain/autodiff.h"
@@ -23,6 +24,42 @@ TEST(Autodiff, BiasGradientStashesNoShape) {
   for (const auto& s : gg.stashed) EXPECT_EQ(s.find("Shape"), std::string::npos) << s;
   EXPECT_EQ(gg.grads.size(), 4u);
   EXPECT_TRUE(gg.grad_inputs.empty());
+}
+
+// The backward runs in the order the builder emitted it: each layer's weight gradient right after
+// the gradient reaching that layer, not all of them after the whole input-gradient chain (which
+// would keep every layer's output gradient alive, and hold back ZeRO's gradient reductions).
+TEST(Autodiff, EachLayerWeightGradientBeforeTheLayerBelow) {
+  Graph g;
+  g.name = "deep";
+  g.opset_imports[""] = 18;
+  Value* h = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(4)}});
+  std::vector<std::string> weights;
+  for (int layer = 0; layer < 4; ++layer) {
+    std::string w = "W" + std::to_string(layer);
+    weights.push_back(w);
+    Value* wv = g.add_input(w, {DType::kFloat32, SymShape{SymDim(4), SymDim(4)}});
+    h = g.add_op("Relu", {g.add_op("MatMul", {h, wv})});
+  }
+  Node* sum = g.add_node("ReduceSum", {h}, {"loss"});
+  sum->attributes["keepdims"] = Attribute::of(int64_t{0});
+  g.add_output(sum->outputs()[0]);
+  GradientGraphs gg = build_gradient_graphs(g, {{"loss"}, true, weights});
+  std::vector<Node*> order = gg.backward.topological_order();
+  auto position = [&](const std::string& output) {  // of the node computing it
+    const Node* n = gg.backward.find(output)->producer();
+    while (n->op_type == "Identity") n = n->input(0)->producer();
+    return static_cast<size_t>(std::find(order.begin(), order.end(), n) - order.begin());
+  };
+  std::vector<size_t> relu_grads;  // in the order they run: layer 3's first
+  for (size_t k = 0; k < order.size(); ++k)
+    if (order[k]->op_type.find("Relu") != std::string::npos) relu_grads.push_back(k);
+  ASSERT_EQ(relu_grads.size(), 4u);
+  for (int layer = 3; layer >= 1; --layer) {
+    // W_layer's gradient comes before the gradient goes through the Relu of the layer below
+    size_t below = relu_grads[static_cast<size_t>(4 - layer)];
+    EXPECT_LT(position(gg.grads[static_cast<size_t>(layer)]), below) << "W" << layer;
+  }
 }
 
 TEST(TrainingSession, LossFallsAndCheckpointsRoundTrip) {

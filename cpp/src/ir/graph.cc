@@ -1,6 +1,7 @@
 #include "graphtrain/graph.h"
 
 #include <algorithm>
+#include <queue>
 
 #include "graphtrain/error.h"
 #include "graphtrain/strings.h"
@@ -284,31 +285,36 @@ std::vector<Node*> Graph::nodes() const {
 }
 
 std::vector<Node*> Graph::topological_order() const {
-  // Kahn's algorithm, stable with respect to insertion order.
+  // Kahn's algorithm; of the nodes ready, the earliest inserted runs first. The insertion order
+  // is a schedule: a graph's own order for an imported one, and for a gradient graph the order
+  // the builder emitted (each forward node's gradients together, in reverse), so that a layer's
+  // weight gradient is computed (and its inputs freed, its gradient handed on) before the next
+  // layer's input gradient rather than all at the end.
+  std::unordered_map<const Node*, size_t> index;
   std::unordered_map<const Node*, size_t> pending;
-  for (const auto& n : nodes_) {
+  for (size_t k = 0; k < nodes_.size(); ++k) {
+    const Node* n = nodes_[k].get();
+    index[n] = k;
     size_t count = 0;
     for (Value* in : n->inputs_)
       if (in && in->producer_) ++count;
-    pending[n.get()] = count;
+    pending[n] = count;
   }
   std::vector<Node*> order;
   order.reserve(nodes_.size());
-  std::vector<Node*> ready;
+  auto later = [&](const Node* a, const Node* b) { return index.at(a) > index.at(b); };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later)> ready(later);
   for (const auto& n : nodes_)
-    if (pending[n.get()] == 0) ready.push_back(n.get());
-  std::reverse(ready.begin(), ready.end());
+    if (pending[n.get()] == 0) ready.push(n.get());
   while (!ready.empty()) {
-    Node* n = ready.back();
-    ready.pop_back();
+    Node* n = ready.top();
+    ready.pop();
     order.push_back(n);
-    std::vector<Node*> freed;
     for (Value* out : n->outputs_) {
       if (!out) continue;
       for (auto [user, idx] : out->uses_)
-        if (--pending[user] == 0) freed.push_back(user);
+        if (--pending[user] == 0) ready.push(user);
     }
-    ready.insert(ready.end(), freed.rbegin(), freed.rend());
   }
   if (order.size() != nodes_.size()) {
     for (const auto& n : nodes_)

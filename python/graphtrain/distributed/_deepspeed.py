@@ -235,11 +235,6 @@ class ZeROOffloadSubscriber:
 
     # -- run time ----------------------------------------------------------------------------------
 
-    def placeholder(self, p: nn.Parameter) -> torch.Tensor:
-        """What the graph gets for DeepSpeed parameter `p`: a size-0 tensor (requiring a gradient,
-        so that torch runs the graph's backward, which returns None for it)."""
-        return p if p.numel() == 0 else p.new_empty(0).requires_grad_(p.requires_grad)
-
     def before_forward(self) -> None:
         self._forward.clear()
         self._backward.clear()
