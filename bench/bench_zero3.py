@@ -1,6 +1,7 @@
-"""ZeRO stage 3 (graphtrain.distributed.zero3) against DistributedDataParallel: per-rank memory
-(peak RSS, and the bytes of parameters, gradients and optimizer state) and step time, at world
-sizes 1, 2 and 4, in eager PyTorch and inside GraphModule, on a GPT-style model of ~48M parameters.
+"""ZeRO stage 3 (graphtrain.distributed.zero3, and DeepSpeed's) against DistributedDataParallel:
+per-rank memory (peak RSS, and the bytes of parameters, gradients and optimizer state) and step
+time, at world sizes 1, 2 and 4, in eager PyTorch and inside GraphModule, on a GPT-style model of
+~48M parameters.
 Ranks are processes over gloo on loopback, one thread each.
 
     .venv/bin/python bench/bench_zero3.py [--quick]
@@ -28,7 +29,17 @@ QUICK = {"vocab": 2048, "dim": 256, "heads": 4, "layers": 4, "max_len": 128}
 GLOBAL_BATCH, SEQ = 4, 64
 # zero3: unit=Block (each transformer block one unit, as FSDP users wrap them); "per module":
 # zero3's default, every module owning parameters one unit (more, smaller collectives).
-RUNNERS = ["DDP", "zero3", "zero3 per module", "DDP + GraphModule", "zero3 + GraphModule"]
+# DeepSpeed: its stage 3 with its defaults (parameters under 100000 elements stay whole), eager
+# and inside GraphModule (ZeROOffloadSubscriber).
+RUNNERS = [
+    "DDP",
+    "zero3",
+    "zero3 per module",
+    "DeepSpeed",
+    "DDP + GraphModule",
+    "zero3 + GraphModule",
+    "DeepSpeed + GraphModule",
+]
 
 
 def _state_bytes(model, opt) -> dict[str, int]:  # noqa: ANN001
@@ -37,6 +48,43 @@ def _state_bytes(model, opt) -> dict[str, int]:  # noqa: ANN001
     state = [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     return {"parameters": size(params), "gradients": size(grads), "optimizer": size(state)}
+
+
+def _deepspeed_state_bytes(model, engine) -> dict[str, int]:  # noqa: ANN001
+    """What DeepSpeed's stage 3 holds on this rank: parameter partitions (and the parameters it
+    keeps whole), its fp32 master partitions and AdamW state, and its gradient partitions."""
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    params = list(model.parameters())
+    zero = engine.optimizer
+    inner = zero.optimizer
+    masters = [p for g in inner.param_groups for p in g["params"]]
+    state = [v for s in inner.state.values() for v in s.values() if hasattr(v, "numel")]
+    grads = [p.grad for p in masters if p.grad is not None]
+    flat = getattr(zero, "grad_partitions_flat_buffer", None)
+    return {
+        "parameters": size(p.ds_tensor for p in params) + size(p for p in params if p.numel()),
+        "gradients": size(grads) + (size([flat]) if flat is not None else 0),
+        "optimizer": size(masters) + size(state),
+    }
+
+
+def _deepspeed(net, per_rank: int):  # noqa: ANN001, ANN202
+    import logging
+
+    import deepspeed
+    import torch
+    from deepspeed.utils import logger
+
+    logger.setLevel(logging.WARNING)
+    config = {
+        "train_micro_batch_size_per_gpu": per_rank,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+    }
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=config)
+    return engine
 
 
 def rank_main(rank: int, world: int, runner: str, sizes: dict, steps: int) -> dict:
@@ -53,26 +101,35 @@ def rank_main(rank: int, world: int, runner: str, sizes: dict, steps: int) -> di
     if runner.startswith("zero3"):
         zero3(model, unit=None if "per module" in runner else Block)
     net = graphtrain.GraphModule(model) if runner.endswith("GraphModule") else model
+    per_rank = GLOBAL_BATCH // world
+    engine = None
     if runner.startswith("DDP"):
         net = torch.nn.parallel.DistributedDataParallel(net)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    per_rank = GLOBAL_BATCH // world
+    if runner.startswith("DeepSpeed"):
+        engine = _deepspeed(net, per_rank)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(rank)
     times = []
     for step in range(steps + 1):  # the first step (capture, first gathers) is not timed
         ids = torch.randint(0, sizes["vocab"], (per_rank, SEQ), generator=g)
         dist.barrier()
         t0 = time.perf_counter()
-        opt.zero_grad()
-        net(ids, ids).backward()
-        opt.step()
+        if engine is not None:
+            loss = engine(ids, ids)
+            engine.backward(loss)
+            engine.step()
+        else:
+            opt.zero_grad()
+            net(ids, ids).backward()
+            opt.step()
         if step:
             times.append(time.perf_counter() - t0)
     return {
         "ms": 1e3 * statistics.median(times),
         "peak_rss_mib": rss_kib("VmHWM") / 1024,
         "full_parameters": full,
-        **_state_bytes(model, opt),
+        **(_deepspeed_state_bytes(model, engine) if engine else _state_bytes(model, opt)),
     }
 
 
@@ -85,7 +142,9 @@ def main() -> None:
     rows = []
     for world in (1, 2, 4):
         for runner in RUNNERS:
-            results = run_ranks(world, rank_main, runner, sizes, steps, timeout=1800)
+            results = run_ranks(
+                world, rank_main, runner, sizes, steps, timeout=1800, env={"DS_ACCELERATOR": "cpu"}
+            )
             r0 = results[0]
             state = r0["parameters"] + r0["gradients"] + r0["optimizer"]
             row = {
@@ -125,7 +184,7 @@ def write(rows: list[dict], sizes: dict, quick: bool) -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        base = "DDP + GraphModule" if "GraphModule" in r["runner"] else "DDP"
+        base = "DDP + GraphModule" if r["runner"].endswith("GraphModule") else "DDP"
         ddp = by[(r["world"], base)]
         frac = r["state_mib"] / r["full_state_mib"]
         lines.append(
@@ -135,7 +194,9 @@ def write(rows: list[dict], sizes: dict, quick: bool) -> None:
     lines += [
         "",
         "zero3: each transformer block one unit (`unit=Block`), the rest in the root's unit; per "
-        "module: zero3's default unit, every module that owns parameters. "
+        "module: zero3's default unit, every module that owns parameters. DeepSpeed: its stage 3 "
+        "with its defaults (parameters under 100000 elements whole on every rank), its model state "
+        "as it holds it (fp32 master partitions and a flat gradient buffer included). "
         "'vs DDP': step time over DDP's at the same world size (GraphModule runners against DDP "
         "around a GraphModule). 'x 1/N': the model-state fraction times the world size (1.000: "
         "exactly 1/N; the target is within 10%).",

@@ -35,6 +35,7 @@ def test_graph_module_given_to_deepspeed(two: list[dict]) -> None:
     assert r["before_hooks_taken"] > 0 and r["before_hooks_left"] == 0
     assert not r["before_starts_step"]
     assert r["before_trace"]  # DeepSpeed's prefetch follows the order the graph fetches in
+    assert r["before_python_ops"] == 0
 
 
 def test_deepspeed_model_wrapped_after_initialize(two: list[dict]) -> None:

@@ -194,6 +194,17 @@ class ZeROOffloadSubscriber:
             nn.Parameter(torch.empty(0, dtype=p.dtype), requires_grad=p.requires_grad)
             for p in self.params
         ]
+        # DeepSpeed replaces torch.nn.functional.linear with its own autograd Function (to keep
+        # weights out of autograd's saved tensors); captured, that would be an opaque Python call
+        # per linear layer. The graph keeps no full weight for the backward anyway: capture torch's.
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap
+        from deepspeed.runtime.zero.partition_parameters import (
+            InsertPostInitMethodToModuleSubClasses as _Init,
+        )
+
+        linear = torch.nn.functional.linear
+        if linear is zero3_linear_wrap and hasattr(_Init, "linear_bk"):
+            torch.nn.functional.linear = _Init.linear_bk
         saved = []
         for u, (m, held) in enumerate(self.units):
             for attr, k in held:
@@ -203,6 +214,7 @@ class ZeROOffloadSubscriber:
         try:
             yield
         finally:
+            torch.nn.functional.linear = linear
             for (m, held), forward in zip(self.units, saved):
                 for attr, k in held:
                     m._parameters[attr] = self.params[k]
