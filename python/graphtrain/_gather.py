@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 import torch
+from torch.utils import _pytree as pytree
 
 from . import _aten, _callbacks
 
@@ -52,6 +53,14 @@ def gather(
     `unit`, for the layouts that need it), as a ShardGather node placed after `anchors` (the
     module's inputs: its boundary)."""
     return _gather_op(anchors, shard, group, padded, unit)
+
+
+def anchors(args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """What a module's gathers are placed after: its first input tensor (none: no anchor)."""
+    first = next(
+        (x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)), None
+    )
+    return [first] if first is not None else []
 
 
 def _translate(n: torch.fx.Node, t: Any) -> str:
@@ -109,10 +118,6 @@ def layout_of(module: torch.nn.Module) -> Any:
             )
         layout = _layouts[module] = getattr(found[0], LAYOUT_ATTR)
     return layout
-
-
-def forget(module: torch.nn.Module) -> None:
-    _layouts.pop(module, None)
 
 
 def _gather_handler(attrs: dict, inputs: list[Any]) -> list[Any]:

@@ -267,9 +267,8 @@ class GraphModule(torch.nn.Module):
         self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
-        self._zero_offload: Any = (
-            None  # DeepSpeed stage 3's ZeROOffloadSubscriber, found at capture
-        )
+        # DeepSpeed stage 3's ZeROOffloadSubscriber, found at capture
+        self._zero_offload: Any = None
         opts = options()
         self._disabled = opts["disable"].value  # GRAPHTRAIN_DISABLE: a pass-through
         explicit = _islands.parse(eager_modules)
@@ -315,7 +314,7 @@ class GraphModule(torch.nn.Module):
                     key_schema = (key_schema, ("eager", self.eager_modules))
                 runner = self._capture(flat, spec, key_schema)
             except UnsupportedModelError as e:
-                # (not a DeepSpeed model: its hooks are no longer on its modules)
+                # Not a DeepSpeed model: its hooks are off its modules, eager cannot run it.
                 if options()["fallback_policy"].value == "EAGER" and self._zero_offload is None:
                     log_once(
                         "WARNING",

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from packaging.version import Version
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from .. import _gather
 from ..log import log_once
@@ -228,11 +227,7 @@ class ZeROOffloadSubscriber:
         original = m.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            first = next(
-                (x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)),
-                None,
-            )
-            anchors = [first] if first is not None else []
+            anchors = _gather.anchors(args, kwargs)
             for attr, k in held:
                 p = self.params[k]
                 full = _gather.gather(anchors, m._parameters[attr], k, p.ds_numel, unit)

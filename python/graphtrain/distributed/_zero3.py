@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils import _pytree as pytree
 
 from .. import _gather
 from ..log import log_once
@@ -672,10 +671,7 @@ def _wrap_forward(m: nn.Module, groups: list[_Group], state: _State, is_root: bo
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         exporting = torch.compiler.is_exporting()
-        anchors = []
-        if exporting and groups:  # the module's first input tensor places its ShardGather nodes
-            first = next((x for x in pytree.tree_leaves((args, kwargs)) if _is_tensor(x)), None)
-            anchors = [first] if first is not None else []
+        anchors = _gather.anchors(args, kwargs) if exporting and groups else []
         for g in groups:
             g.acquire(anchors)
         try:
@@ -706,7 +702,3 @@ def state_of(module: nn.Module) -> _State:
             "(call zero3(model) first, on the model you pass here)"
         )
     return state
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
