@@ -16,21 +16,22 @@ from zero3_cases import BATCH, LR, batch, gpt, local
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def _config(world: int, micros: int = 1) -> dict[str, Any]:
+def _config(world: int, micros: int = 1, persistence: int = 0) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": BATCH // world // micros,
         "gradient_accumulation_steps": micros,
         "gradient_clipping": 0.0,  # DeepSpeed's default clips at 1.0; the reference does not
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": persistence},
         "zero_allow_untested_optimizer": True,
     }
 
 
-def _initialize(model: torch.nn.Module, world: int, micros: int = 1) -> Any:
+def _initialize(model: torch.nn.Module, world: int, micros: int = 1, persistence: int = 0) -> Any:
     import deepspeed
 
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=_config(world, micros))
+    config = _config(world, micros, persistence)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     return engine
 
 
@@ -115,6 +116,13 @@ def two_ranks(rank: int, world: int) -> dict[str, Any]:
     # Gradient accumulation over two micro-batches (DeepSpeed accumulates in its partitions).
     engine = _initialize(graphtrain.GraphModule(gpt()), world, micros=2)
     out["accumulate"] = _train(engine, 3, rank, world, micros=2)
+
+    # Small parameters persistent (whole on every rank, as DeepSpeed's default keeps those under
+    # 100000 elements): biases and norms here.
+    gm = graphtrain.GraphModule(gpt())
+    engine = _initialize(gm, world, persistence=200)
+    out["persistent"] = _train(engine, 3, rank, world)
+    out["persistent_count"] = sum(bool(getattr(p, "ds_persist", False)) for p in gm.parameters())
 
     # A Hugging Face model: GPT-2, its head tied to the token embedding.
     from real_models import gpt2

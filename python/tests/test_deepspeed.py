@@ -54,6 +54,11 @@ def test_gradient_accumulation(two: list[dict]) -> None:
     close(two[0]["accumulate"], cases.reference(3, micros=2)[0])
 
 
+def test_persistent_parameters(two: list[dict]) -> None:
+    assert two[0]["persistent_count"] > 0
+    close(two[0]["persistent"], cases.reference(3)[0])
+
+
 def test_hugging_face_gpt2(two: list[dict]) -> None:
     assert not two[0]["gpt2_eager"]
     close(two[0]["gpt2"], cases.hf_reference(3))
