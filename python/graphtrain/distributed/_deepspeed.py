@@ -164,9 +164,7 @@ class ZeROOffloadSubscriber:
         """Removes DeepSpeed's module hooks from the model's modules (those on modules outside it,
         such as a GraphModule given to deepspeed.initialize, stay and keep working)."""
         dicts = {
-            id(d): m
-            for m in self.module.modules()
-            for d in (m._forward_pre_hooks, m._forward_hooks)
+            id(d) for m in self.module.modules() for d in (m._forward_pre_hooks, m._forward_hooks)
         }
         taken = 0
         for handle in [*self.offload.forward_hooks, *self.offload.backward_hooks]:
