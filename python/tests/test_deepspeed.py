@@ -4,6 +4,9 @@ DeepSpeed's partitioning kept (nothing full held between steps); clear errors. O
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 import deepspeed_cases as ds
@@ -13,8 +16,10 @@ from ranks import run_ranks
 
 @pytest.fixture(scope="module")
 def two() -> list[dict]:
-    # DeepSpeed builds a small C++ op on its first start on a machine (about a minute).
-    return run_ranks(2, ds.two_ranks, timeout=600, env={"DS_ACCELERATOR": "cpu"})
+    # DeepSpeed builds a small C++ op on its first start on a machine (about a minute), with g++
+    # and the ninja of this environment (the pip package in the venv's bin).
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    return run_ranks(2, ds.two_ranks, timeout=600, env={"DS_ACCELERATOR": "cpu", "PATH": path})
 
 
 def close(a: list[float], b: list[float]) -> None:
