@@ -275,6 +275,16 @@ class ZeROOffloadSubscriber:
     def _after_backward(self) -> None:
         self._backward.clear()  # parameters the backward did not read: a bias, an embedding
         self._backward_queued = False
+        # A group gathered more often than gradients came back (a gather whose output got no
+        # gradient): what was summed is the whole gradient.
+        pending, self._grads = self._grads, {}
+        for k, (grad, _) in pending.items():
+            self._deliver(self.params[k], grad)
+
+    def _queue_after_backward(self) -> None:
+        if not self._backward_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+            self._backward_queued = True
 
     def gather(self, attrs: dict) -> torch.Tensor:
         k, unit = int(attrs["group"]), int(attrs["unit"])
@@ -283,9 +293,8 @@ class ZeROOffloadSubscriber:
         cache = self._backward if backward else self._forward
         got = cache.get(m)
         if got is None or k not in got:
-            if backward and not self._backward_queued:
-                torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
-                self._backward_queued = True
+            if backward:
+                self._queue_after_backward()
             got = cache[m] = self._fetch(m, held, backward)
         full = got.pop(k)
         if not got:
@@ -295,6 +304,7 @@ class ZeROOffloadSubscriber:
     def gradient(self, attrs: dict, grad: torch.Tensor) -> torch.Tensor:
         k = int(attrs["group"])
         p = self.params[k]
+        self._queue_after_backward()
         entry = self._grads.get(k)
         if entry is None:
             # A copy: the engine reuses the memory of its values.
