@@ -67,6 +67,29 @@ def _held(model: torch.nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.numel() != 0]
 
 
+class _FrozenLookup(torch.nn.Module):
+    """A tied embedding whose lookup runs without gradient: its weight's gradient comes only
+    from the head, though the graph gathers it twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(64, 32)
+        self.mix = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 64, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = self.tok(ids)
+        logits = self.head(torch.tanh(self.mix(x)))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 64), targets.reshape(-1))
+
+
+def _frozen_lookup() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _FrozenLookup()
+
+
 def two_ranks(rank: int, world: int) -> dict[str, Any]:
     import deepspeed
     from deepspeed.utils import logger
@@ -123,6 +146,13 @@ def two_ranks(rank: int, world: int) -> dict[str, Any]:
     engine = _initialize(gm, world, persistence=200)
     out["persistent"] = _train(engine, 3, rank, world)
     out["persistent_count"] = sum(bool(getattr(p, "ds_persist", False)) for p in gm.parameters())
+
+    # A tied weight gathered twice whose one use gets no gradient: DeepSpeed alone, and inside
+    # GraphModule.
+    out["frozen_eager"] = _train(_initialize(_frozen_lookup(), world), 3, rank, world)
+    out["frozen_graph"] = _train(
+        _initialize(graphtrain.GraphModule(_frozen_lookup()), world), 3, rank, world
+    )
 
     # A Hugging Face model: GPT-2, its head tied to the token embedding.
     from real_models import gpt2

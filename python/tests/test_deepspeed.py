@@ -64,6 +64,10 @@ def test_persistent_parameters(two: list[dict]) -> None:
     close(two[0]["persistent"], cases.reference(3)[0])
 
 
+def test_gradient_of_a_weight_gathered_more_often_than_differentiated(two: list[dict]) -> None:
+    close(two[0]["frozen_graph"], two[0]["frozen_eager"])
+
+
 def test_hugging_face_gpt2(two: list[dict]) -> None:
     assert not two[0]["gpt2_eager"]
     close(two[0]["gpt2"], cases.hf_reference(3))
