@@ -42,29 +42,37 @@ RUNNERS = [
 ]
 
 
+def _size(tensors) -> int:  # noqa: ANN001
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _optimizer_state(opt) -> list:  # noqa: ANN001
+    return [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
+
+
 def _state_bytes(model, opt) -> dict[str, int]:  # noqa: ANN001
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    state = [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
-    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-    return {"parameters": size(params), "gradients": size(grads), "optimizer": size(state)}
+    return {
+        "parameters": _size(params),
+        "gradients": _size(grads),
+        "optimizer": _size(_optimizer_state(opt)),
+    }
 
 
 def _deepspeed_state_bytes(model, engine) -> dict[str, int]:  # noqa: ANN001
     """What DeepSpeed's stage 3 holds on this rank: parameter partitions (and the parameters it
     keeps whole), its fp32 master partitions and AdamW state, and its gradient partitions."""
-    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     params = list(model.parameters())
     zero = engine.optimizer
     inner = zero.optimizer
     masters = [p for g in inner.param_groups for p in g["params"]]
-    state = [v for s in inner.state.values() for v in s.values() if hasattr(v, "numel")]
     grads = [p.grad for p in masters if p.grad is not None]
     flat = getattr(zero, "grad_partitions_flat_buffer", None)
     return {
-        "parameters": size(p.ds_tensor for p in params) + size(p for p in params if p.numel()),
-        "gradients": size(grads) + (size([flat]) if flat is not None else 0),
-        "optimizer": size(masters) + size(state),
+        "parameters": _size(p.ds_tensor for p in params) + _size(p for p in params if p.numel()),
+        "gradients": _size(grads) + (_size([flat]) if flat is not None else 0),
+        "optimizer": _size(masters) + _size(_optimizer_state(inner)),
     }
 
 

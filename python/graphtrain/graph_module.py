@@ -53,7 +53,7 @@ class _Runner:
         self.by_layout = {
             k
             for k, gi in enumerate(captured.inputs)
-            if gi.kind == "param" and hasattr(self.params[gi.key], "ds_id")
+            if gi.kind == "param" and _partitioned_by_deepspeed(self.params[gi.key])
         }
         self._placeholders: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         self.n_out = len(captured.outputs)
@@ -224,10 +224,14 @@ def _refuse_foreign_shards(module: torch.nn.Module) -> None:
             )
 
 
+def _partitioned_by_deepspeed(p: torch.Tensor) -> bool:
+    return hasattr(p, "ds_id")  # what DeepSpeed's stage 3 marks its parameters with
+
+
 def _deepspeed_layout(module: torch.nn.Module) -> Any:
     """The model's ZeROOffloadSubscriber when DeepSpeed's ZeRO stage 3 partitions its parameters
     (graphtrain/distributed/_deepspeed.py), else None."""
-    if not any(hasattr(p, "ds_id") for p in module.parameters()):
+    if not any(_partitioned_by_deepspeed(p) for p in module.parameters()):
         return None
     from .distributed._deepspeed import attach
 

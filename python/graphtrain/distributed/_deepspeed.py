@@ -43,11 +43,6 @@ from ..log import log_once
 SUPPORTED = ("0.19.8", "0.20")
 
 
-def uses_deepspeed(module: nn.Module) -> bool:
-    """Whether DeepSpeed's ZeRO stage 3 partitions parameters of `module`."""
-    return any(hasattr(p, "ds_id") for p in module.parameters())
-
-
 def _check_version() -> Any:
     try:
         import deepspeed
