@@ -131,6 +131,40 @@ def test_gradients_accumulate_without_zero_grad():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
 
 
+class _LossLogitsAndScale(nn.Module):
+    """Returns a loss, its logits and a view of a parameter the loss does not read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+        self.scale = nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.lin(x)
+        return logits.pow(2).mean(), logits, self.scale.view(-1)
+
+
+def test_outputs_left_without_gradient_get_zeros_no_gradient_aliases():
+    # Outputs nobody differentiates get a zero gradient filled once; `scale`'s gradient is then
+    # a reshape of that zero tensor, and torch accumulating into .grad over steps must not write
+    # into it (later steps would read it as the "zero" gradient).
+    torch.manual_seed(4)
+    ref = _LossLogitsAndScale()
+    gm = GraphModule(copy.deepcopy(ref))
+    steps = [0, 2, 0, 1, 0]  # which output each step differentiates; gradients accumulate
+    for which in steps:
+        x = torch.randn(3, 5)
+        out_ref, out_gm = ref(x)[which], gm(x)[which]
+        (out_ref if which == 0 else out_ref.sum()).backward()
+        (out_gm if which == 0 else out_gm.sum()).backward()
+        for name, p in ref.named_parameters():
+            q = dict(gm.module.named_parameters())[name]
+            if p.grad is None:
+                assert q.grad is None or not q.grad.any(), name
+            else:
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_no_grad_and_eval_use_separate_graphs():
     torch.manual_seed(3)
     ref = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 1))
