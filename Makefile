@@ -16,7 +16,7 @@ SANITIZE ?= 0
 DEV_BUILD := build/dev
 ASAN_BUILD := build/asan
 APT_PACKAGES := g++ make libgtest-dev libprotobuf-dev protobuf-compiler libopenblas-pthread-dev \
-	zlib1g-dev clang-format chromium-headless-shell
+	zlib1g-dev libdnnl-dev clang-format chromium-headless-shell
 
 VENV_STAMP := $(VENV)/.graphtrain-requirements
 BUILD_STAMP := $(DEV_BUILD)/.graphtrain-installed

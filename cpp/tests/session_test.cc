@@ -42,6 +42,53 @@ TEST(Session, InputErrorsNameTheInput) {
   EXPECT_THROW(s.run(std::vector<Tensor>{}), InputError);
 }
 
+// FusedMatMul (transA/transB) and Gemm with a bias row, on one and two pool threads, against a
+// double-precision reference: sizes below and above the split between OpenBLAS and oneDNN
+// (m * n * k of 2^20), and row blocks that leave a remainder.
+TEST(Session, MatMulAndGemmMatchAReferenceOnEitherGemmLibrary) {
+  for (int64_t m : {7, 130}) {
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      int64_t k = 96, n = m == 7 ? 33 : 200;
+      for (int t = 0; t < 4; ++t) {
+        bool ta = t & 1, tb = t & 2;
+        Graph g;
+        Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+        Value* a = g.add_input("a", {DType::kFloat32, SymShape{SymDim(sa[0]), SymDim(sa[1])}});
+        Value* b = g.add_input("b", {DType::kFloat32, SymShape{SymDim(sb[0]), SymDim(sb[1])}});
+        Value* c = g.add_input("c", {DType::kFloat32, SymShape{SymDim(n)}});
+        std::map<std::string, Attribute> trans{{"transA", Attribute::of(int64_t{ta})},
+                                               {"transB", Attribute::of(int64_t{tb})}};
+        g.add_output(g.add_op("FusedMatMul", {a, b}, trans, kGraphtrainDomain));
+        trans["beta"] = Attribute::of(0.5f);
+        g.add_output(g.add_op("Gemm", {a, b, c}, trans));
+        Session s(std::move(g), SessionOptions{"cpu", &pool});
+        auto fill = [](const Shape& shape, float phase) {
+          std::vector<float> v(static_cast<size_t>(shape[0] * shape[1]));
+          for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * i + phase);
+          return Tensor::from_vector(DType::kFloat32, shape, v);
+        };
+        Tensor ta_t = fill(sa, 0.1f), tb_t = fill(sb, 0.7f), tc = fill({1, n}, 1.3f);
+        auto out = s.run(
+            {ta_t, tb_t,
+             Tensor::from_vector(DType::kFloat32, {n},
+                                 std::vector<float>(tc.data<float>(), tc.data<float>() + n))});
+        const float *pa = ta_t.data<float>(), *pb = tb_t.data<float>();
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = 0;
+            for (int64_t q = 0; q < k; ++q)
+              ref += static_cast<double>(ta ? pa[q * m + i] : pa[i * k + q]) *
+                     (tb ? pb[j * k + q] : pb[q * n + j]);
+            float mm = out[0].data<float>()[i * n + j], gemm = out[1].data<float>()[i * n + j];
+            ASSERT_NEAR(mm, ref, 1e-4) << "m " << m << " threads " << threads << " t " << t;
+            ASSERT_NEAR(gemm, ref + 0.5 * tc.data<float>()[j], 1e-4);
+          }
+      }
+    }
+  }
+}
+
 TEST(ThreadPool, CoversTheRangeOnceAndPropagatesErrors) {
   ThreadPool pool(4);
   std::vector<std::atomic<int>> hits(10007);

@@ -7,11 +7,20 @@
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                             const float* a, int lda, const float* b, int ldb, float beta, float* c,
                             int ldc);
+#ifdef GRAPHTRAIN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+extern "C" int omp_get_max_threads();
+extern "C" void omp_set_num_threads(int);
+#endif
 
 namespace graphtrain::cpu {
 namespace {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-}
+// oneDNN's sgemm from this many multiply-adds (m * n * k) up: 10-20% faster than OpenBLAS on the
+// linear layers' shapes, slower on attention's per-head products (64 x 64 x 32), which stay on
+// OpenBLAS (bench/results/gemm.md).
+constexpr int64_t kDnnlMinWork = int64_t{1} << 20;
+}  // namespace
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -22,6 +31,19 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+#ifdef GRAPHTRAIN_HAVE_DNNL
+  if (m * n * k >= kDnnlMinWork) {
+    // Debian's oneDNN threads with OpenMP: on one thread here (graphtrain's pool owns the
+    // parallelism), and the calling thread's OpenMP setting put back after (in a PyTorch process
+    // the OpenMP runtime is torch's, and this thread may be one torch runs ops on).
+    int threads = omp_get_max_threads();
+    if (threads != 1) omp_set_num_threads(1);
+    dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
+               ldc);
+    if (threads != 1) omp_set_num_threads(threads);
+    return;
+  }
+#endif
   cblas_sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
@@ -146,9 +168,17 @@ void gemm(KernelContext& ctx) {
     Broadcaster bc(ctx, {&c.shape(), &target});
     if (bc.out_shape() != target)
       ctx.fail(str_cat("C of shape ", c.shape(), " does not broadcast to ", target));
-    Tensor zeros = Tensor::zeros(DType::kFloat32, target);
-    binary_broadcast<float, float, float>(ctx, c, zeros, out,
-                                          [beta](float x, float) { return beta * x; });
+    // out = beta * C broadcast (a bias row, most often), then the GEMM adds to it.
+    const float* pc = c.data<float>();
+    int64_t inner = bc.inner(), stride = bc.inner_stride(0);
+    parallel_for(ctx, bc.rows(), inner, [&](int64_t lo, int64_t hi) {
+      int64_t off[2];  // C's, the target's
+      for (int64_t r = lo; r < hi; ++r) {
+        bc.offsets(r, off);
+        float* o = po + r * inner;
+        for (int64_t i = 0; i < inner; ++i) o[i] = beta * pc[off[0] + i * stride];
+      }
+    });
     gemm_beta = 1.0f;
   }
   sgemm(ctx, ta, tb, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
