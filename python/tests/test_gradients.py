@@ -378,6 +378,28 @@ CASES = [
         lambda x, w, b: F.conv2d(x, w, b, 2, 1, 1, 2),
         {"strides": [2, 2], "pads": [1, 1, 1, 1], "group": 2},
     ),
+    # Enough images on small maps that the kernels put several images' columns in one GEMM
+    # (conv.cc's chunks): grouped and padded, pointwise, strided with dilation and uneven pads.
+    Case(
+        "Conv",
+        {"x": randn(12, 4, 3, 3), "w": randn(6, 2, 3, 3), "b": randn(6)},
+        ["x", "w", "b"],
+        lambda x, w, b: F.conv2d(x, w, b, 1, 1, 1, 2),
+        {"pads": [1, 1, 1, 1], "group": 2},
+    ),
+    Case(
+        "Conv",
+        {"x": randn(10, 3, 2, 2), "w": randn(5, 3, 1, 1)},
+        ["x", "w"],
+        lambda x, w: F.conv2d(x, w),
+    ),
+    Case(
+        "Conv",
+        {"x": randn(9, 2, 5, 5), "w": randn(3, 2, 3, 3)},
+        ["x", "w"],
+        lambda x, w: F.conv2d(F.pad(x, (0, 1, 1, 2)), w, None, 2, 0, 2),
+        {"strides": [2, 2], "pads": [1, 0, 2, 1], "dilations": [2, 2]},
+    ),
     Case(
         "Conv",
         {"x": randn(2, 3, 9), "w": randn(4, 3, 3)},

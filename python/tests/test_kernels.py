@@ -502,6 +502,23 @@ def test_pooling(k, s, p, ceil):
     close(g, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_max_pool_dilation_uneven_pads_nan_and_infinities():
+    # Windows of one -inf, a NaN (it wins, and its index is given), dilation and pads that differ
+    # per side; ONNX's pads are [top, left, bottom, right], torch's F.pad (left, right, top, bottom).
+    x = randn(3, 2, 7, 8)
+    x[0, 0, 1, 2] = np.nan
+    x[1, 1, :3, :3] = -np.inf
+    attrs = {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [2, 2]}
+    y, idx = run_node(
+        "MaxPool", {"x": x}, attrs, n_outputs=2, out_types=[TensorProto.FLOAT, TensorProto.INT64]
+    )
+    padded = F.pad(torch.from_numpy(x), (0, 1, 1, 1), value=-np.inf)
+    ref = F.max_pool2d(padded, (3, 2), (2, 1), dilation=2)
+    np.testing.assert_array_equal(y, ref.numpy())
+    flat = x.reshape(-1)
+    np.testing.assert_array_equal(flat[idx], y)  # each index points at its maximum
+
+
 def test_batch_norm_inference_and_training():
     x = randn(4, 3, 5, 5) * 2 + 1
     scale, bias, mean, var = randn(3), randn(3), randn(3), np.abs(randn(3)) + 0.5
