@@ -1,8 +1,10 @@
 // CPU kernels: LayerNormalization and BatchNormalization (inference and training mode) and their
 // gradients.
 #include <cmath>
+#include <tuple>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -57,6 +59,34 @@ void layer_norm(KernelContext& ctx) {
   });
 }
 
+// A per-channel sum over the [N, C, spatial] layout: `part(offset, length)` gives the float sum of
+// one run of at most kBlock elements (8 lanes wide), and the runs add up in double, so a channel
+// of millions of elements keeps its precision.
+template <typename Part>
+double channel_sum(int64_t n, int64_t c, int64_t spatial, int64_t ch, Part part) {
+  constexpr int64_t kBlock = 4096;
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < spatial; b += kBlock)
+      s += part((i * c + ch) * spatial + b, std::min(kBlock, spatial - b));
+  return s;
+}
+
+// Batch mean and (biased) variance of channel ch.
+std::pair<double, double> channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                                          int64_t ch) {
+  double count = static_cast<double>(n * spatial);
+  double mean = channel_sum(n, c, spatial, ch,
+                            [&](int64_t at, int64_t len) { return vec::sum(x + at, len); }) /
+                count;
+  float m = static_cast<float>(mean);
+  double var =
+      channel_sum(n, c, spatial, ch,
+                  [&](int64_t at, int64_t len) { return vec::sum_sq_centered(x + at, len, m); }) /
+      count;
+  return {mean, var};
+}
+
 void batch_norm(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.rank() < 2) ctx.fail("X must have rank 2 or more ([N, C, ...])");
@@ -86,18 +116,9 @@ void batch_norm(KernelContext& ctx) {
     int64_t count = n * spatial;
     ctx.pool().parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t ch = lo; ch < hi; ++ch) {
-        double s = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const float* p = px + (i * c + ch) * spatial;
-          for (int64_t k = 0; k < spatial; ++k) s += p[k];
-        }
-        double m = s / static_cast<double>(count), sq = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const float* p = px + (i * c + ch) * spatial;
-          for (int64_t k = 0; k < spatial; ++k) sq += (p[k] - m) * (p[k] - m);
-        }
+        auto [m, v] = channel_moments(px, n, c, spatial, ch);
         mean[static_cast<size_t>(ch)] = static_cast<float>(m);
-        var[static_cast<size_t>(ch)] = static_cast<float>(sq / static_cast<double>(count));
+        var[static_cast<size_t>(ch)] = static_cast<float>(v);
       }
     });
     if (ctx.output_requested(1)) {
@@ -213,39 +234,28 @@ void batch_norm_grad(KernelContext& ctx) {
   ctx.pool().parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t ch = lo; ch < hi; ++ch) {
       double mu = run_mean[ch], var = run_var[ch];
-      if (training) {
-        double s = 0, sq = 0;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t k = 0; k < spatial; ++k) s += px[(i * c + ch) * spatial + k];
-        mu = s / count;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t k = 0; k < spatial; ++k) {
-            double d = px[(i * c + ch) * spatial + k] - mu;
-            sq += d * d;
-          }
-        var = sq / count;
-      }
+      if (training) std::tie(mu, var) = channel_moments(px, n, c, spatial, ch);
       double inv = 1.0 / std::sqrt(var + eps);
-      double sum_g = 0, sum_gx = 0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t k = 0; k < spatial; ++k) {
-          int64_t at = (i * c + ch) * spatial + k;
-          sum_g += g[at];
-          sum_gx += g[at] * (px[at] - mu) * inv;
-        }
+      float m = static_cast<float>(mu);
+      double sum_g = channel_sum(n, c, spatial, ch,
+                                 [&](int64_t at, int64_t len) { return vec::sum(g + at, len); });
+      double sum_gx = inv * channel_sum(n, c, spatial, ch, [&](int64_t at, int64_t len) {
+                        return vec::dot_centered(g + at, px + at, len, m);
+                      });
       if (dscale) dscale[ch] = static_cast<float>(sum_gx);
       if (dbias) dbias[ch] = static_cast<float>(sum_g);
       if (!dx) continue;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t k = 0; k < spatial; ++k) {
-          int64_t at = (i * c + ch) * spatial + k;
-          double v = g[at];
-          if (training) {
-            double xh = (px[at] - mu) * inv;
-            v = v - sum_g / count - xh * sum_gx / count;
-          }
-          dx[at] = static_cast<float>(scale[ch] * inv * v);
-        }
+      // dx = scale * inv * (g - [sum_g + xhat * sum_gx] / count in training), as a*g + b*x + k.
+      double a = scale[ch] * inv, b = 0, k = 0;
+      if (training) {
+        b = -a * inv * sum_gx / count;
+        k = -a * sum_g / count - b * mu;
+      }
+      float fa = static_cast<float>(a), fb = static_cast<float>(b), fk = static_cast<float>(k);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t at = (i * c + ch) * spatial;
+        for (int64_t q = 0; q < spatial; ++q) dx[at + q] = fa * g[at + q] + fb * px[at + q] + fk;
+      }
     }
   });
 }

@@ -169,6 +169,27 @@ inline float sum(const float* x, int64_t n) {
   return s;
 }
 
+// sum (x[i] - c)^2 and sum g[i] * (x[i] - c) over n floats, 8 lanes at a time.
+inline float sum_sq_centered(const float* x, int64_t n, float c) {
+  f8 acc = f8{};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    f8 d = load(x + i) - c;
+    acc += d * d;
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += (x[i] - c) * (x[i] - c);
+  return s;
+}
+inline float dot_centered(const float* g, const float* x, int64_t n, float c) {
+  f8 acc = f8{};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += load(g + i) * (load(x + i) - c);
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += g[i] * (x[i] - c);
+  return s;
+}
+
 // The largest of n floats, NaNs ignored (like std::max(max, x) in a loop); -inf when none.
 inline float max(const float* x, int64_t n) {
   f8 acc = splat(-INFINITY);
