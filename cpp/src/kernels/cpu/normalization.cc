@@ -40,14 +40,8 @@ void layer_norm(KernelContext& ctx) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = px + r * cols;
       float* yr = py + r * cols;
-      float sum = 0;
-      for (int64_t i = 0; i < cols; ++i) sum += xr[i];
-      float mean = sum / static_cast<float>(cols);
-      float sq = 0;
-      for (int64_t i = 0; i < cols; ++i) {
-        float d = xr[i] - mean;
-        sq += d * d;
-      }
+      float mean = vec::sum(xr, cols) / static_cast<float>(cols);
+      float sq = vec::sum_sq_centered(xr, cols, mean);
       float inv = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
       if (bias)
         for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - mean) * inv * g[i] + bias[i];
@@ -179,14 +173,23 @@ void layer_norm_grad(KernelContext& ctx) {
         const float* gr = g + r * cols;
         const float* xr = px + r * cols;
         float mu = pm[r], iv = pi[r];
-        float sum_d = 0, sum_dx = 0;
-        for (int64_t i = 0; i < cols; ++i) {
-          float xh = (xr[i] - mu) * iv;
+        // sum of d = dy * scale and of d * xhat, 8 lanes at a time
+        vec::f8 acc_d{}, acc_dx{};
+        int64_t i = 0;
+        for (; i + 8 <= cols; i += 8) {
+          vec::f8 d = vec::load(gr + i) * vec::load(w + i);
+          acc_d += d;
+          acc_dx += d * ((vec::load(xr + i) - mu) * iv);
+        }
+        float sum_d = vec::lane_sum(acc_d), sum_dx = vec::lane_sum(acc_dx);
+        for (; i < cols; ++i) {
           float d = gr[i] * w[i];
           sum_d += d;
-          sum_dx += d * xh;
-          dwt[static_cast<size_t>(i)] += gr[i] * xh;
-          dbt[static_cast<size_t>(i)] += gr[i];
+          sum_dx += d * ((xr[i] - mu) * iv);
+        }
+        for (int64_t q = 0; q < cols; ++q) {
+          dwt[static_cast<size_t>(q)] += gr[q] * ((xr[q] - mu) * iv);
+          dbt[static_cast<size_t>(q)] += gr[q];
         }
         if (dx) {
           float inv_n = 1.0f / static_cast<float>(cols);

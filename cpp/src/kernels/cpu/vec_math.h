@@ -159,12 +159,17 @@ inline void map(const float* x, float* y, int64_t n, F f) {
   for (; i < n; ++i) y[i] = f(x[i]);
 }
 
+// The 8 lanes added pairwise.
+inline float lane_sum(f8 acc) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // Reductions over n floats, 8 lanes at a time (the order of additions is fixed by n alone).
 inline float sum(const float* x, int64_t n) {
   f8 acc = f8{};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc += load(x + i);
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  float s = lane_sum(acc);
   for (; i < n; ++i) s += x[i];
   return s;
 }
@@ -177,7 +182,7 @@ inline float sum_sq_centered(const float* x, int64_t n, float c) {
     f8 d = load(x + i) - c;
     acc += d * d;
   }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  float s = lane_sum(acc);
   for (; i < n; ++i) s += (x[i] - c) * (x[i] - c);
   return s;
 }
@@ -185,7 +190,7 @@ inline float dot_centered(const float* g, const float* x, int64_t n, float c) {
   f8 acc = f8{};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc += load(g + i) * (load(x + i) - c);
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  float s = lane_sum(acc);
   for (; i < n; ++i) s += g[i] * (x[i] - c);
   return s;
 }
