@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/elementwise_math.h"
+#include "kernels/cpu/vec_dispatch.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -321,6 +322,22 @@ void cast_kernel(KernelContext& ctx) {
 }
 
 // Elementwise dX = f(dY, A) over same-shaped inputs.
+// A transcendental op of vec_dispatch.h (16 lanes where the CPU has AVX-512), over the pool.
+void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
+  const Tensor& a = ctx.input(0);
+  const float* pb = nullptr;
+  if (op == VecOp::kGeluGrad || op == VecOp::kGeluTanhGrad) {  // (dY, X)
+    if (ctx.input(1).shape() != a.shape()) ctx.fail("inputs must have the same shape");
+    pb = ctx.input(1).data<float>();
+  }
+  Tensor& y = ctx.allocate_output(0, F32, a.shape());
+  const float* pa = a.data<float>();
+  float* py = y.data<float>();
+  parallel_for(ctx, a.numel(), cost, [&](int64_t lo, int64_t hi) {
+    vec_apply(op, pa + lo, pb ? pb + lo : nullptr, py + lo, hi - lo);
+  });
+}
+
 template <typename F>
 void binary_same(KernelContext& ctx, F f) {
   const Tensor& dy = ctx.input(0);
@@ -369,20 +386,15 @@ const bool registered = [] {
   });
   register_kernel("", "Reciprocal", {F32},
                   [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
-  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) {
-    unary_vec(ctx, 2, [](auto x) { return vec::exp(x); });
-  });
+  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kExp); });
   register_kernel("", "Log", {F32}, [](KernelContext& ctx) {
     unary_f32(ctx, 8, [](float x) { return std::log(x); });
   });
-  register_kernel("", "Tanh", {F32}, [](KernelContext& ctx) {
-    unary_vec(ctx, 3, [](auto x) { return vec::tanh(x); });
-  });
-  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) {
-    unary_vec(ctx, 3, [](auto x) { return vec::erf(x); });
-  });
+  register_kernel("", "Tanh", {F32},
+                  [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kTanh); });
+  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kErf); });
   register_kernel("", "Sigmoid", {F32},
-                  [](KernelContext& ctx) { unary_vec(ctx, 2, math::sigmoid); });
+                  [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kSigmoid); });
   register_kernel("", "Relu", {F32}, [](KernelContext& ctx) { unary_vec(ctx, 1, math::relu); });
   register_kernel("", "LeakyRelu", {F32}, [](KernelContext& ctx) {
     float alpha = ctx.node().attr_float("alpha", 0.01f);
@@ -391,9 +403,9 @@ const bool registered = [] {
   register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
     std::string approx = ctx.node().attr_string("approximate", "none");
     if (approx == "tanh")
-      unary_vec(ctx, 4, math::gelu_tanh);
+      apply_vec_op(ctx, 4, VecOp::kGeluTanh);
     else if (approx == "none")
-      unary_vec(ctx, 4, math::gelu_erf);
+      apply_vec_op(ctx, 4, VecOp::kGelu);
     else
       ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
   });
@@ -434,10 +446,8 @@ const bool registered = [] {
     binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
   });
   register_kernel(GT, "GeluGrad", {F32}, [](KernelContext& ctx) {
-    if (ctx.node().attr_string("approximate", "none") == "tanh")
-      binary_same(ctx, math::gelu_tanh_grad);
-    else
-      binary_same(ctx, math::gelu_erf_grad);
+    bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
+    apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
   });
   return true;
 }();

@@ -8,6 +8,7 @@
 #include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu::math {
+inline namespace GRAPHTRAIN_VEC_ISA {
 
 inline constexpr auto sigmoid = [](auto x) { return 1.0f / (1.0f + vec::exp(-x)); };
 inline constexpr auto relu = [](auto x) { return x > 0.0f ? x : decltype(x){}; };
@@ -48,4 +49,5 @@ inline float pow_scalar(float x, float p) {
   return std::pow(x, p);
 }
 
+}  // namespace GRAPHTRAIN_VEC_ISA
 }  // namespace graphtrain::cpu::math

@@ -13,6 +13,7 @@
 #include "graphtrain/error.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/elementwise_math.h"
+#include "kernels/cpu/vec_dispatch.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -248,23 +249,23 @@ class FusedElementwise : public OpKernel {
       case Code::kReciprocal:
         return vec::map(a, d, n, [](auto x) { return 1.0f / x; });
       case Code::kExp:
-        return vec::map(a, d, n, [](auto x) { return vec::exp(x); });
+        return vec_apply(VecOp::kExp, a, nullptr, d, n);
       case Code::kLog:
         return scalar1(a, d, n, [](float x) { return std::log(x); });
       case Code::kTanh:
-        return vec::map(a, d, n, [](auto x) { return vec::tanh(x); });
+        return vec_apply(VecOp::kTanh, a, nullptr, d, n);
       case Code::kErf:
-        return vec::map(a, d, n, [](auto x) { return vec::erf(x); });
+        return vec_apply(VecOp::kErf, a, nullptr, d, n);
       case Code::kSigmoid:
-        return vec::map(a, d, n, math::sigmoid);
+        return vec_apply(VecOp::kSigmoid, a, nullptr, d, n);
       case Code::kRelu:
         return vec::map(a, d, n, math::relu);
       case Code::kLeakyRelu:
         return map2(a, b, d, n, [](auto x, auto alpha) { return x >= 0.0f ? x : alpha * x; });
       case Code::kGelu:
-        return vec::map(a, d, n, math::gelu_erf);
+        return vec_apply(VecOp::kGelu, a, nullptr, d, n);
       case Code::kGeluTanh:
-        return vec::map(a, d, n, math::gelu_tanh);
+        return vec_apply(VecOp::kGeluTanh, a, nullptr, d, n);
       case Code::kSin:
         return scalar1(a, d, n, [](float x) { return std::sin(x); });
       case Code::kCos:
@@ -279,9 +280,9 @@ class FusedElementwise : public OpKernel {
         for (int64_t i = 0; i < n; ++i) d[i] = b[i] > 0.0f ? a[i] : a[i] * c[i];
         return;
       case Code::kGeluGrad:
-        return map2(a, b, d, n, math::gelu_erf_grad);
+        return vec_apply(VecOp::kGeluGrad, a, b, d, n);
       case Code::kGeluTanhGrad:
-        return map2(a, b, d, n, math::gelu_tanh_grad);
+        return vec_apply(VecOp::kGeluTanhGrad, a, b, d, n);
     }
   }
 

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_dispatch.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
@@ -21,8 +22,7 @@ void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
   float sum = 0;
   if (stride == 1) {
     // y holds exp(x - max) first (for log-softmax only as scratch).
-    vec::map(x, y, n, [mx](auto v) { return vec::exp(v - mx); });
-    sum = vec::sum(y, n);
+    sum = vec_exp_sum(x, y, n, mx);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       float e = vec::exp(x[i * stride] - mx);
@@ -194,7 +194,7 @@ void sce_grad(KernelContext& ctx) {
         if (skip) {
           std::fill(row, row + c, 0.0f);
         } else {
-          vec::map(lp + i * c, row, c, [coef](auto v) { return coef * vec::exp(v); });
+          vec_exp_sum(lp + i * c, row, c, 0.0f, coef);  // coef * exp(log_prob)
           row[label] -= coef;
         }
         continue;

@@ -1,6 +1,12 @@
-// Vectorized float math for the CPU kernels, written with GCC/Clang vector extensions (8 lanes:
-// AVX2 registers on x86-64-v3, two NEON registers on Arm). Each function has a scalar twin
-// computing the same formula, used for loop tails, so a result never depends on its position.
+// Vectorized float math for the CPU kernels, written with GCC/Clang vector extensions (f8: 8
+// lanes, AVX2 registers on x86-64-v3, two NEON registers on Arm; the math functions take any
+// float vector type, and vec_dispatch.cc runs them on 16 lanes where the CPU has AVX-512). Each
+// function has a scalar twin computing the same formula, used for loop tails, so a result never
+// depends on its position.
+//
+// Everything here is in the inline namespace GRAPHTRAIN_VEC_ISA: the translation unit built for
+// AVX-512 names it differently, so its copies of these inline functions (compiled with AVX-512
+// instructions) are never merged with, or chosen by the linker for, everybody else's.
 //
 // exp: Cody-Waite range reduction and a degree-6 polynomial (the classic Cephes coefficients),
 // within 2 ulp over the float range. erf: a Maclaurin polynomial near 0 and Abramowitz & Stegun
@@ -12,10 +18,38 @@
 #include <cstdint>
 #include <cstring>
 
+#ifndef GRAPHTRAIN_VEC_ISA
+#define GRAPHTRAIN_VEC_ISA base
+#endif
+
 namespace graphtrain::cpu::vec {
+inline namespace GRAPHTRAIN_VEC_ISA {
 
 using f8 = float __attribute__((vector_size(32)));
 using i8 = int32_t __attribute__((vector_size(32)));
+using f16 = float __attribute__((vector_size(64)));
+
+// The int32 vector of a float vector's width.
+template <typename F>
+struct IntVec {
+  typedef int32_t type __attribute__((vector_size(sizeof(F))));
+};
+template <>
+struct IntVec<float> {
+  using type = int32_t;
+};
+
+// Loads and stores of any vector type F.
+template <typename F>
+inline F load_as(const float* p) {
+  F v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <typename F>
+inline void store_as(float* p, F v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 inline f8 load(const float* p) {
   f8 v;
@@ -68,11 +102,9 @@ inline F exp_impl(F x) {
   return y;
 }
 
-inline f8 exp(f8 x) {
-  return exp_impl<f8, i8>(x);
-}
-inline float exp(float x) {
-  return exp_impl<float, int32_t>(x);
+template <typename F>
+inline F exp(F x) {
+  return exp_impl<F, typename IntVec<F>::type>(x);
 }
 
 // ---- erf ----
@@ -119,10 +151,8 @@ inline float erf_given_exp(float x, float exp_neg_x2) {
   return x < 0.0f ? -y : y;
 }
 
-inline f8 erf(f8 x) {
-  return erf_given_exp(x, exp(-(x * x)));
-}
-inline float erf(float x) {
+template <typename F>
+inline F erf(F x) {
   return erf_given_exp(x, exp(-(x * x)));
 }
 
@@ -138,9 +168,10 @@ inline F tanh_small(F x) {  // |x| < 0.625 (Cephes tanhf polynomial)
   return x + x * z * p;
 }
 
-inline f8 tanh(f8 x) {
-  f8 a = x < 0.0f ? -x : x;
-  f8 big = 1.0f - 2.0f / (exp(2.0f * a) + 1.0f);
+template <typename F>
+inline F tanh(F x) {
+  F a = x < 0.0f ? -x : x;
+  F big = 1.0f - 2.0f / (exp(2.0f * a) + 1.0f);
   big = x < 0.0f ? -big : big;
   return a < 0.625f ? tanh_small(x) : big;
 }
@@ -151,11 +182,12 @@ inline float tanh(float x) {
   return x < 0 ? -big : big;
 }
 
-// Applies f (callable on f8 and on float) to n floats.
-template <typename F>
+// Applies f (callable on vector type V and on float) to n floats.
+template <typename V = f8, typename F>
 inline void map(const float* x, float* y, int64_t n, F f) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store(y + i, f(load(x + i)));
+  for (; i + kLanes <= n; i += kLanes) store_as(y + i, f(load_as<V>(x + i)));
   for (; i < n; ++i) y[i] = f(x[i]);
 }
 
@@ -209,4 +241,5 @@ inline float max(const float* x, int64_t n) {
   return m;
 }
 
+}  // namespace GRAPHTRAIN_VEC_ISA
 }  // namespace graphtrain::cpu::vec

@@ -1,0 +1,38 @@
+#include "kernels/cpu/vec_dispatch.h"
+
+#include "kernels/cpu/vec_dispatch_impl.h"
+
+namespace graphtrain::cpu {
+
+#if defined(__x86_64__)
+namespace avx512 {  // vec_dispatch_avx512.cc
+void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
+float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
+}  // namespace avx512
+
+bool vec_uses_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return yes;
+}
+#else
+bool vec_uses_avx512() {
+  return false;
+}
+#endif
+
+void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::apply(op, a, b, y, n);
+#endif
+  vec::apply<vec::f8>(op, a, b, y, n);
+}
+
+float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::exp_sum(x, y, n, shift, scale);
+#endif
+  return vec::exp_sum<vec::f8>(x, y, n, shift, scale);
+}
+
+}  // namespace graphtrain::cpu

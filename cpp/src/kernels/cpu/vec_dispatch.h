@@ -1,0 +1,31 @@
+// The transcendental elementwise loops (exp, erf, tanh and the activations built on them), on the
+// widest float vectors the CPU has: 16 lanes where it has AVX-512 (chosen at run time, so one
+// build runs on AVX2 machines too), 8 otherwise. Results are the same formulas either way.
+#pragma once
+
+#include <cstdint>
+
+namespace graphtrain::cpu {
+
+enum class VecOp {
+  kExp,
+  kTanh,
+  kErf,
+  kSigmoid,
+  kGelu,
+  kGeluTanh,
+  // two inputs (dY, X)
+  kGeluGrad,
+  kGeluTanhGrad,
+};
+
+// y[i] = op(a[i]) or op(a[i], b[i]) for i < n.
+void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
+
+// y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift).
+float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
+
+// Whether vec_apply runs on AVX-512 here.
+bool vec_uses_avx512();
+
+}  // namespace graphtrain::cpu

@@ -1,0 +1,18 @@
+// vec_dispatch.h's loops on 16 lanes, compiled with AVX-512 (CMakeLists.txt sets the flags for
+// this file alone); called only where the CPU has it.
+#if defined(__x86_64__)
+#define GRAPHTRAIN_VEC_ISA avx512
+#include "kernels/cpu/vec_dispatch_impl.h"
+
+namespace graphtrain::cpu::avx512 {
+
+void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
+  vec::apply<vec::f16>(op, a, b, y, n);
+}
+
+float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
+  return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
+}
+
+}  // namespace graphtrain::cpu::avx512
+#endif
