@@ -119,21 +119,24 @@ void binary_broadcast(KernelContext& ctx, const Tensor& a, const Tensor& b, Tens
   Broadcaster bc(ctx, {&a.shape(), &b.shape()});
   int64_t inner = bc.inner();
   int64_t sa = bc.inner_stride(0), sb = bc.inner_stride(1);
-  parallel_for(ctx, bc.rows(), inner, [&](int64_t lo, int64_t hi) {
+  // Parallel over output elements, not rows: a broadcast scalar leaves one row of everything.
+  parallel_for(ctx, bc.rows() * inner, 1, [&](int64_t lo, int64_t hi) {
     int64_t off[2];
-    for (int64_t r = lo; r < hi; ++r) {
+    for (int64_t at = lo; at < hi;) {
+      int64_t r = at / inner, i0 = at % inner, i1 = std::min(inner, i0 + (hi - at));
       bc.offsets(r, off);
       const A* x = pa + off[0];
       const B* y = pb + off[1];
       R* o = po + r * inner;
       if (sa && sb)
-        for (int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[i]);
+        for (int64_t i = i0; i < i1; ++i) o[i] = f(x[i], y[i]);
       else if (sa)
-        for (int64_t i = 0; i < inner; ++i) o[i] = f(x[i], y[0]);
+        for (int64_t i = i0; i < i1; ++i) o[i] = f(x[i], y[0]);
       else if (sb)
-        for (int64_t i = 0; i < inner; ++i) o[i] = f(x[0], y[i]);
+        for (int64_t i = i0; i < i1; ++i) o[i] = f(x[0], y[i]);
       else
-        for (int64_t i = 0; i < inner; ++i) o[i] = f(x[0], y[0]);
+        for (int64_t i = i0; i < i1; ++i) o[i] = f(x[0], y[0]);
+      at += i1 - i0;
     }
   });
 }
