@@ -357,6 +357,18 @@ CASES = [
         lambda x, st, en, ax, sp: x[1:4][:, [4, 2]],
         const=("st", "en", "ax", "sp"),
     ),
+    Case(  # GPT-2's q/k/v split: rows of the last axis, many of them (parallel copies)
+        "Slice",
+        {
+            "x": randn(6, 40, 96),
+            "st": np.array([32], np.int64),
+            "en": np.array([64], np.int64),
+            "ax": np.array([2], np.int64),
+        },
+        ["x"],
+        lambda x, st, en, ax: x[:, :, 32:64],
+        const=("st", "en", "ax"),
+    ),
     Case(
         "Gather",
         {"d": randn(7, 3), "i": np.array([[1, 4], [1, 6]], np.int64)},

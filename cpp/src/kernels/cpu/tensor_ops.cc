@@ -380,8 +380,10 @@ void split(KernelContext& ctx) {
     Tensor& out = ctx.allocate_output(i, x.dtype(), s);
     int64_t row = sizes[i] * inner * static_cast<int64_t>(es);
     char* dst = static_cast<char*>(out.raw_data());
-    for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
+    parallel_for(ctx, outer, row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o)
+        std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
+    });
     offset += row;
   }
 }
@@ -559,7 +561,6 @@ void slice_grad(KernelContext& ctx) {
     step[static_cast<size_t>(a)] = st;
   }
   Tensor& dx = ctx.allocate_output(0, F32, xs);
-  std::memset(dx.raw_data(), 0, dx.nbytes());
   std::vector<int64_t> xstr = contiguous_strides(xs);
   int64_t base = 0;
   std::vector<int64_t> strides(xs.size());
@@ -569,17 +570,29 @@ void slice_grad(KernelContext& ctx) {
   }
   const float* g = dy.data<float>();
   float* o = dx.data<float>();
-  std::vector<int64_t> idx(dy.rank(), 0);
-  int64_t off = base;
-  for (int64_t e = 0; e < dy.numel(); ++e) {
-    o[off] = g[e];
-    for (size_t d = dy.rank(); d-- > 0;) {
-      off += strides[d];
-      if (++idx[d] < dy.dim(d)) break;
-      off -= strides[d] * idx[d];
-      idx[d] = 0;
+  parallel_for(ctx, dx.numel(), 1, [&](int64_t lo, int64_t hi) {
+    std::memset(o + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+  });
+  if (dy.numel() == 0) return;
+  // dY's rows (its last dim) land `strides` apart in dX: parallel over rows, each one copy (a
+  // strided one when the last axis steps).
+  size_t r = dy.rank();
+  int64_t inner = r ? dy.dim(r - 1) : 1, inner_stride = r ? strides[r - 1] : 1;
+  int64_t rows = dy.numel() / inner;
+  parallel_for(ctx, rows, inner, [&](int64_t lo, int64_t hi) {
+    for (int64_t row = lo; row < hi; ++row) {
+      int64_t off = base, rem = row;
+      for (size_t d = r - 1; r > 0 && d-- > 0;) {
+        off += (rem % dy.dim(d)) * strides[d];
+        rem /= dy.dim(d);
+      }
+      const float* src = g + row * inner;
+      if (inner_stride == 1)
+        std::memcpy(o + off, src, static_cast<size_t>(inner) * sizeof(float));
+      else
+        for (int64_t i = 0; i < inner; ++i) o[off + i * inner_stride] = src[i];
     }
-  }
+  });
 }
 
 const bool registered = [] {
