@@ -345,21 +345,58 @@ TEST_F(PassesTest, FoldTransposesIntoTheGemm) {
   expect_near(run_all(std::move(g), {{3, 5, 4}, {3, 5, 4}}), before, 1e-6f);
 }
 
-TEST_F(PassesTest, FoldTransposesLeavesOtherPermutationsAndSharedTransposes) {
+TEST_F(PassesTest, FoldTransposesLeavesSharedTransposesAndUnstridableOnes) {
   Graph g = new_graph("keep");
   Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3), SymDim(4)}});
   Value* w = g.add_input("w", {DType::kFloat32, SymShape{SymDim(2), SymDim(4)}});
-  // Swaps the leading dims: not a GEMM operand transpose.
+  // Swaps the leading (batch) dims: read through strides (permA).
   Value* lead =
       g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{1, 0, 2})}});
-  g.add_output(g.add_op("MatMul", {lead, g.add_op("Transpose", {w})}));  // B: folded (rank 2)
+  Value* y = g.add_op("MatMul", {lead, g.add_op("Transpose", {w})});  // B: transB (rank 2)
+  g.add_output(y);
   // Read by two nodes (and a graph output): it stays.
   Value* shared =
       g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1})}});
   g.add_output(g.add_op("MatMul", {shared, x}));
   g.add_output(shared);
-  EXPECT_EQ(fold_transposes(g), 1u);
+  // Moves the stored last dim to the front: no matrix dim has stride 1, it stays.
+  Value* front =
+      g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{2, 0, 1})}});
+  Value* v = g.add_input("v", {DType::kFloat32, SymShape{SymDim(3), SymDim(5)}});
+  g.add_output(g.add_op("MatMul", {front, v}));
+  auto before = run_all(clone_graph(g), {{2, 3, 4}, {2, 4}, {3, 5}});
+  EXPECT_EQ(fold_transposes(g), 2u);
   EXPECT_EQ(count(g, "Transpose"), 2u);
+  EXPECT_EQ(y->producer()->attr_ints("permA"), (std::vector<int64_t>{1, 0, 2}));
+  expect_near(run_all(std::move(g), {{2, 3, 4}, {2, 4}, {3, 5}}), before, 1e-6f);
+}
+
+// Attention as a GPT writes it: heads split out of [b, t, h, d] by Transpose(0, 2, 1, 3), scores,
+// the weighted values merged back by the inverse Transpose. All four Transposes fold (permA,
+// permB with transB, and permY on the output), and the result is the same.
+TEST_F(PassesTest, FoldTransposesOfAttentionHeadsIntoStridedGemms) {
+  Graph g = new_graph("heads");
+  SymShape bthd = {SymDim::symbol("b"), SymDim(6), SymDim(2), SymDim(4)};
+  Value* q = g.add_input("q", {DType::kFloat32, bthd});
+  Value* k = g.add_input("k", {DType::kFloat32, bthd});
+  Value* v = g.add_input("v", {DType::kFloat32, bthd});
+  auto heads = [&](Value* x) {
+    return g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1, 3})}});
+  };
+  Value* kt = g.add_op("Transpose", {heads(k)},
+                       {{"perm", Attribute::of(std::vector<int64_t>{0, 1, 3, 2})}});
+  Value* scores = g.add_op("MatMul", {heads(q), kt});  // [b, h, t, t]
+  Value* p = g.add_op("Softmax", {scores}, {{"axis", Attribute::of(int64_t{-1})}});
+  Value* o = g.add_op("MatMul", {p, heads(v)});  // [b, h, t, d]
+  Value* merged =
+      g.add_op("Transpose", {o}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1, 3})}});
+  g.add_output(merged);
+  auto before = run_all(clone_graph(g), {{3, 6, 2, 4}, {3, 6, 2, 4}, {3, 6, 2, 4}});
+  size_t folds = fold_transposes(g);
+  EXPECT_GE(folds, 4u);
+  EXPECT_EQ(count(g, "Transpose"), 0u);
+  EXPECT_EQ(count(g, "FusedMatMul"), 2u);
+  expect_near(run_all(std::move(g), {{3, 6, 2, 4}, {3, 6, 2, 4}, {3, 6, 2, 4}}), before, 1e-5f);
 }
 
 TEST_F(PassesTest, ConstantFoldingLeavesRandomAndLargeNodes) {

@@ -1,7 +1,15 @@
-// Pass fold_transposes: a Transpose that swaps the last two dims of a MatMul operand, and that
-// only this MatMul reads, is folded into the GEMM as transA / transB (graphtrain::FusedMatMul):
-// the GEMM reads the operand transposed in place and no transposed copy is made. Attention's
-// q @ k^T, and the gradient graphs' transposed weights, are the usual cases.
+// Pass fold_transposes: Transposes around MatMuls become the GEMM's way of reading and writing
+// memory (graphtrain::FusedMatMul), so no transposed copy is made:
+// - a Transpose that swaps the last two dims of an operand is transA / transB (attention's
+//   q @ k^T, the gradient graphs' transposed weights);
+// - any other Transpose of an operand of rank 3 or more whose stored last dim stays one of the
+//   two matrix dims is permA / permB: each batch's matrix is read in place through strides
+//   (attention's heads split out of [batch, seq, heads, dim] with perm 0 2 1 3);
+// - a Transpose of the product that keeps its last dim last is permY: the GEMM writes each batch
+//   straight to its place in the transposed layout (the heads merged back).
+// Only a Transpose the MatMul alone reads (or the MatMul's output that only the Transpose reads)
+// is folded.
+#include "graphtrain/ops.h"
 #include "graphtrain/passes.h"
 #include "passes/pattern.h"
 
@@ -21,9 +29,36 @@ bool swaps_last_two(const Node& t) {
   return perm[r - 2] == static_cast<int64_t>(r - 1) && perm[r - 1] == static_cast<int64_t>(r - 2);
 }
 
+std::vector<int64_t> perm_of(const Node& t) {
+  return t.attr_ints("perm");
+}
+
+// A permutation of rank >= 3 whose stored last dim is one of the two matrix dims.
+bool strided_operand(const Node& t) {
+  std::vector<int64_t> perm = perm_of(t);
+  size_t r = perm.size();
+  if (r < 3 || swaps_last_two(t)) return false;
+  int64_t last = static_cast<int64_t>(r - 1);
+  return perm[r - 1] == last || perm[r - 2] == last;
+}
+
+// A permutation of rank >= 3 that keeps the last dim last.
+bool keeps_last(const Node& t) {
+  std::vector<int64_t> perm = perm_of(t);
+  size_t r = perm.size();
+  bool identity = true;
+  for (size_t i = 0; i < r; ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  return r >= 3 && !identity && perm[r - 1] == static_cast<int64_t>(r - 1);
+}
+
+bool rank_at_least(const Value* v, size_t rank) {
+  return v && v->type.shape && v->type.shape->size() >= rank;
+}
+
 }  // namespace
 
 size_t fold_transposes(Graph& graph) {
+  infer_shapes(graph);  // a strided fold needs the other operand's rank
   size_t folded = 0;
   for (size_t side : {0, 1}) {
     std::vector<Pattern> inputs = {Pattern::any(), Pattern::any()};
@@ -41,6 +76,44 @@ size_t fold_transposes(Graph& graph) {
       return true;
     });
   }
+  for (size_t side : {0, 1}) {
+    std::vector<Pattern> inputs = {Pattern::any(), Pattern::any()};
+    inputs[side] = Pattern::op({"Transpose"}, {Pattern::any("x")}, "t").where(strided_operand);
+    const char* attr = side == 0 ? "permA" : "permB";
+    Pattern matmul = Pattern::op({"MatMul", "graphtrain::FusedMatMul"}, inputs, "mm")
+                         .where([attr](const Node& n) { return !n.has_attr(attr); });
+    folded += rewrite_matches(graph, matmul, [side, attr](Graph& g, const Match& m) {
+      Node* mm = m.node("mm");
+      if (!rank_at_least(mm->input(1 - side), 2)) return false;  // a vector operand: as is
+      mm->op_type = "FusedMatMul";
+      mm->domain = kGraphtrainDomain;
+      mm->attributes[attr] = Attribute::of(perm_of(*m.node("t")));
+      g.replace_input(mm, side, m.value("x"));
+      g.remove_node(m.node("t"));
+      return true;
+    });
+  }
+  // The product transposed: a FusedMatMul made in the Transpose's place writes the Transpose's
+  // output value (which keeps its name, its readers and its place among the graph's outputs).
+  Pattern product =
+      Pattern::op({"MatMul", "graphtrain::FusedMatMul"}, {}, "mm").where([](const Node& n) {
+        return !n.has_attr("permY");
+      });
+  Pattern transposed = Pattern::op({"Transpose"}, {product}, "t").where(keeps_last);
+  folded += rewrite_matches(graph, transposed, [](Graph& g, const Match& m) {
+    Node* mm = m.node("mm");
+    Node* t = m.node("t");
+    if (!rank_at_least(mm->input(0), 2) || !rank_at_least(mm->input(1), 2)) return false;
+    Node* fused =
+        g.add_node("FusedMatMul", {mm->input(0), mm->input(1)}, {}, kGraphtrainDomain, mm->name);
+    fused->attributes = mm->attributes;
+    fused->attributes["permY"] = Attribute::of(perm_of(*t));
+    fused->scope = mm->scope;
+    g.move_output(t->output(0), fused, 0);
+    g.remove_node(t);
+    g.remove_node(mm);
+    return true;
+  });
   return folded;
 }
 

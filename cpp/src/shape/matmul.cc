@@ -21,6 +21,17 @@ void matmul(InferenceContext& ctx) {
   if (!a || !b) return ctx.set_output(0, dtype, std::nullopt);
   if (a->empty() || b->empty()) ctx.fail("MatMul inputs must have rank 1 or more");
   SymShape sa = *a, sb = *b;
+  // graphtrain::FusedMatMul's folded transposes: the operands seen through permA / permB.
+  auto permute = [&](SymShape& s, const char* name) {
+    std::vector<int64_t> perm = ctx.node().attr_ints(name);
+    if (perm.empty()) return;
+    if (perm.size() != s.size()) ctx.fail(str_cat(name, " must have one entry per input dim"));
+    SymShape p;
+    for (int64_t d : perm) p.push_back(s[static_cast<size_t>(d)]);
+    s = p;
+  };
+  permute(sa, "permA");
+  permute(sb, "permB");
   bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
   if (a_vec) sa.insert(sa.begin(), SymDim(1));
   if (b_vec) sb.push_back(SymDim(1));
@@ -33,6 +44,7 @@ void matmul(InferenceContext& ctx) {
   SymShape out = batch;
   if (!a_vec) out.push_back(sa[sa.size() - 2]);
   if (!b_vec) out.push_back(sb.back());
+  permute(out, "permY");  // the stored output: the product transposed
   ctx.set_output(0, dtype, out);
 }
 

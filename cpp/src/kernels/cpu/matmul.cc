@@ -85,6 +85,123 @@ void sgemm(KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
 
 namespace {
 
+// A GEMM operand or result seen through a permutation of its stored dims: logical dim i is the
+// stored dim perm[i] (its size, its stride); an empty perm is the identity.
+struct Strided {
+  Shape shape;
+  std::vector<int64_t> strides;
+};
+
+Strided permuted(const Shape& stored, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> st = contiguous_strides(stored);
+  if (perm.empty()) return {stored, st};
+  Strided v;
+  for (int64_t p : perm) {
+    v.shape.push_back(stored[static_cast<size_t>(p)]);
+    v.strides.push_back(st[static_cast<size_t>(p)]);
+  }
+  return v;
+}
+
+// FusedMatMul with permA / permB / permY (fold_transposes folded a Transpose of an operand, or of
+// the result, into the GEMM): each batch's matrices are read and written in place, through
+// strides, with no transposed copy. Logical A = Transpose(input 0, permA), then transA; the same
+// for B; the stored output = Transpose(logical Y, permY).
+void matmul_permuted(KernelContext& ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                     float alpha) {
+  const Node& node = ctx.node();
+  std::vector<int64_t> perm_a = node.attr_ints("permA"), perm_b = node.attr_ints("permB"),
+                       perm_y = node.attr_ints("permY");
+  for (const auto* p : {&perm_a, &perm_b})
+    if (!p->empty() && p->size() != (p == &perm_a ? a.rank() : b.rank()))
+      ctx.fail("permA / permB must have one entry per dim of their input");
+  Strided la = permuted(a.shape(), perm_a), lb = permuted(b.shape(), perm_b);
+  if (la.shape.size() < 2 || lb.shape.size() < 2) ctx.fail("permuted operands need rank 2 or more");
+  auto swap_last = [](Strided& v) {
+    size_t r = v.shape.size();
+    std::swap(v.shape[r - 1], v.shape[r - 2]);
+    std::swap(v.strides[r - 1], v.strides[r - 2]);
+  };
+  if (ta) swap_last(la);
+  if (tb) swap_last(lb);
+  size_t ra = la.shape.size(), rb = lb.shape.size();
+  int64_t m = la.shape[ra - 2], k = la.shape[ra - 1], n = lb.shape[rb - 1];
+  if (lb.shape[rb - 2] != k)
+    ctx.fail(str_cat("inner dimensions differ: ", k, " and ", lb.shape[rb - 2]));
+  // Each matrix as BLAS reads it: row-major with a leading dimension, or its transpose.
+  auto as_blas = [&](const Strided& v, bool* trans, int64_t* ld) {
+    size_t r = v.shape.size();
+    if (v.strides[r - 1] == 1) {
+      *trans = false;
+      *ld = std::max<int64_t>(v.strides[r - 2], v.shape[r - 1]);
+    } else if (v.strides[r - 2] == 1) {
+      *trans = true;
+      *ld = std::max<int64_t>(v.strides[r - 1], v.shape[r - 2]);
+    } else {
+      ctx.fail("a permuted operand's last two dims must include its stored last dim");
+    }
+  };
+  bool blas_ta = false, blas_tb = false;
+  int64_t lda = 0, ldb = 0;
+  as_blas(la, &blas_ta, &lda);
+  as_blas(lb, &blas_tb, &ldb);
+  Shape ba(la.shape.begin(), la.shape.end() - 2), bb(lb.shape.begin(), lb.shape.end() - 2);
+  Broadcaster bc(ctx, {&ba, &bb});
+  Shape batch = bc.out_shape(), logical_y = batch;
+  logical_y.push_back(m);
+  logical_y.push_back(n);
+  if (!perm_y.empty() && perm_y.size() != logical_y.size())
+    ctx.fail("permY must have one entry per output dim");
+  Shape stored_y = logical_y;
+  for (size_t i = 0; i < perm_y.size(); ++i)
+    stored_y[i] = logical_y[static_cast<size_t>(perm_y[i])];
+  Tensor& out = ctx.allocate_output(0, DType::kFloat32, stored_y);
+  if (out.numel() == 0) return;
+  // Logical Y dim j lives at stored dim i with perm_y[i] == j.
+  std::vector<int64_t> ys = contiguous_strides(stored_y), y_strides(logical_y.size());
+  for (size_t i = 0; i < logical_y.size(); ++i)
+    y_strides[perm_y.empty() ? i : static_cast<size_t>(perm_y[i])] = ys[i];
+  size_t ry = logical_y.size();
+  if (y_strides[ry - 1] != 1) ctx.fail("permY must keep the output's last dim last");
+  int64_t ldc = std::max<int64_t>(y_strides[ry - 2], n);
+  // Per batch: element offsets of A, B and Y (broadcast batch dims read offset 0).
+  int64_t nbatch = shape_numel(batch);
+  std::vector<int64_t> off_a(static_cast<size_t>(nbatch)), off_b(off_a), off_y(off_a);
+  for (int64_t i = 0; i < nbatch; ++i) {
+    int64_t rem = i, oa = 0, ob = 0, oy = 0;
+    for (size_t d = batch.size(); d-- > 0;) {
+      int64_t idx = rem % batch[d];
+      rem /= batch[d];
+      size_t lead = batch.size() - d;  // dims from the right, batch dims only
+      if (lead <= ba.size() && ba[ba.size() - lead] != 1) oa += idx * la.strides[ba.size() - lead];
+      if (lead <= bb.size() && bb[bb.size() - lead] != 1) ob += idx * lb.strides[bb.size() - lead];
+      oy += idx * y_strides[d];
+    }
+    off_a[static_cast<size_t>(i)] = oa;
+    off_b[static_cast<size_t>(i)] = ob;
+    off_y[static_cast<size_t>(i)] = oy;
+  }
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  auto one = [&](int64_t i, bool parallel) {
+    size_t s = static_cast<size_t>(i);
+    if (parallel)
+      sgemm(ctx, blas_ta, blas_tb, m, n, k, alpha, pa + off_a[s], lda, pb + off_b[s], ldb, 0.0f,
+            po + off_y[s], ldc);
+    else
+      sgemm_serial(blas_ta, blas_tb, m, n, k, alpha, pa + off_a[s], lda, pb + off_b[s], ldb, 0.0f,
+                   po + off_y[s], ldc);
+  };
+  if (nbatch >= ctx.pool().num_threads() || m * n * k < (1 << 18)) {
+    ctx.pool().parallel_for(nbatch, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) one(i, false);
+    });
+  } else {
+    for (int64_t i = 0; i < nbatch; ++i) one(i, true);
+  }
+}
+
 // MatMul, and graphtrain::FusedMatMul: alpha * op(A) @ op(B) with op a transpose of the last two
 // dims when transA / transB is set (no transposed copy is made).
 void matmul(KernelContext& ctx) {
@@ -95,6 +212,8 @@ void matmul(KernelContext& ctx) {
   if (a.rank() == 0 || b.rank() == 0) ctx.fail("inputs must have rank 1 or more");
   bool ta = ctx.node().attr_int("transA", 0) != 0, tb = ctx.node().attr_int("transB", 0) != 0;
   float alpha = ctx.node().attr_float("alpha", 1.0f);
+  if (ctx.node().has_attr("permA") || ctx.node().has_attr("permB") || ctx.node().has_attr("permY"))
+    return matmul_permuted(ctx, a, b, ta, tb, alpha);
   Shape sa = a.shape(), sb = b.shape();
   bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
   if ((a_vec && ta) || (b_vec && tb)) ctx.fail("transA / transB need inputs of rank 2 or more");
