@@ -321,7 +321,6 @@ void cast_kernel(KernelContext& ctx) {
   });
 }
 
-// Elementwise dX = f(dY, A) over same-shaped inputs.
 // A transcendental op of vec_dispatch.h (16 lanes where the CPU has AVX-512), over the pool.
 void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
   const Tensor& a = ctx.input(0);
@@ -338,6 +337,7 @@ void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
   });
 }
 
+// Elementwise dX = f(dY, A) over same-shaped inputs.
 template <typename F>
 void binary_same(KernelContext& ctx, F f) {
   const Tensor& dy = ctx.input(0);

@@ -186,7 +186,7 @@ void cumsum_typed(KernelContext& ctx, int64_t axis) {
   bool reverse = ctx.node().attr_int("reverse", 0) != 0;
   int64_t n = x.dim(static_cast<size_t>(axis)), inner = 1;
   for (size_t i = static_cast<size_t>(axis) + 1; i < x.rank(); ++i) inner *= x.dim(i);
-  int64_t outer = n * inner ? x.numel() / (n * inner) : 0;
+  int64_t outer = n * inner != 0 ? x.numel() / (n * inner) : 0;
   const T* px = x.data<T>();
   T* py = y.data<T>();
   parallel_for(ctx, outer * inner, n, [&](int64_t lo, int64_t hi) {
