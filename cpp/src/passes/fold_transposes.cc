@@ -29,13 +29,9 @@ bool swaps_last_two(const Node& t) {
   return perm[r - 2] == static_cast<int64_t>(r - 1) && perm[r - 1] == static_cast<int64_t>(r - 2);
 }
 
-std::vector<int64_t> perm_of(const Node& t) {
-  return t.attr_ints("perm");
-}
-
 // A permutation of rank >= 3 whose stored last dim is one of the two matrix dims.
 bool strided_operand(const Node& t) {
-  std::vector<int64_t> perm = perm_of(t);
+  std::vector<int64_t> perm = t.attr_ints("perm");
   size_t r = perm.size();
   if (r < 3 || swaps_last_two(t)) return false;
   int64_t last = static_cast<int64_t>(r - 1);
@@ -44,7 +40,7 @@ bool strided_operand(const Node& t) {
 
 // A permutation of rank >= 3 that keeps the last dim last.
 bool keeps_last(const Node& t) {
-  std::vector<int64_t> perm = perm_of(t);
+  std::vector<int64_t> perm = t.attr_ints("perm");
   size_t r = perm.size();
   bool identity = true;
   for (size_t i = 0; i < r; ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
@@ -87,7 +83,7 @@ size_t fold_transposes(Graph& graph) {
       if (!rank_at_least(mm->input(1 - side), 2)) return false;  // a vector operand: as is
       mm->op_type = "FusedMatMul";
       mm->domain = kGraphtrainDomain;
-      mm->attributes[attr] = Attribute::of(perm_of(*m.node("t")));
+      mm->attributes[attr] = Attribute::of(m.node("t")->attr_ints("perm"));
       g.replace_input(mm, side, m.value("x"));
       g.remove_node(m.node("t"));
       return true;
@@ -107,7 +103,7 @@ size_t fold_transposes(Graph& graph) {
     Node* fused =
         g.add_node("FusedMatMul", {mm->input(0), mm->input(1)}, {}, kGraphtrainDomain, mm->name);
     fused->attributes = mm->attributes;
-    fused->attributes["permY"] = Attribute::of(perm_of(*t));
+    fused->attributes["permY"] = Attribute::of(t->attr_ints("perm"));
     fused->scope = mm->scope;
     g.move_output(t->output(0), fused, 0);
     g.remove_node(t);

@@ -85,6 +85,27 @@ void sgemm(KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
 
 namespace {
 
+// One GEMM per batch i, A at pa + off_a[i], B at pb + off_b[i], C at pc + off_c[i]: spread over
+// the pool by batch when there are enough batches (or they are small), else one after the other,
+// each split over the pool.
+void batched_sgemm(KernelContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* pa, int64_t lda, const std::vector<int64_t>& off_a,
+                   const float* pb, int64_t ldb, const std::vector<int64_t>& off_b, float* pc,
+                   int64_t ldc, const std::vector<int64_t>& off_c) {
+  int64_t batch = static_cast<int64_t>(off_c.size());
+  if (batch >= ctx.pool().num_threads() || m * n * k < (1 << 18)) {
+    ctx.pool().parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
+      for (size_t i = static_cast<size_t>(lo); i < static_cast<size_t>(hi); ++i)
+        sgemm_serial(ta, tb, m, n, k, alpha, pa + off_a[i], lda, pb + off_b[i], ldb, 0.0f,
+                     pc + off_c[i], ldc);
+    });
+  } else {
+    for (size_t i = 0; i < off_c.size(); ++i)
+      sgemm(ctx, ta, tb, m, n, k, alpha, pa + off_a[i], lda, pb + off_b[i], ldb, 0.0f,
+            pc + off_c[i], ldc);
+  }
+}
+
 // A GEMM operand or result seen through a permutation of its stored dims: logical dim i is the
 // stored dim perm[i] (its size, its stride); an empty perm is the identity.
 struct Strided {
@@ -181,25 +202,8 @@ void matmul_permuted(KernelContext& ctx, const Tensor& a, const Tensor& b, bool 
     off_b[static_cast<size_t>(i)] = ob;
     off_y[static_cast<size_t>(i)] = oy;
   }
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* po = out.data<float>();
-  auto one = [&](int64_t i, bool parallel) {
-    size_t s = static_cast<size_t>(i);
-    if (parallel)
-      sgemm(ctx, blas_ta, blas_tb, m, n, k, alpha, pa + off_a[s], lda, pb + off_b[s], ldb, 0.0f,
-            po + off_y[s], ldc);
-    else
-      sgemm_serial(blas_ta, blas_tb, m, n, k, alpha, pa + off_a[s], lda, pb + off_b[s], ldb, 0.0f,
-                   po + off_y[s], ldc);
-  };
-  if (nbatch >= ctx.pool().num_threads() || m * n * k < (1 << 18)) {
-    ctx.pool().parallel_for(nbatch, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) one(i, false);
-    });
-  } else {
-    for (int64_t i = 0; i < nbatch; ++i) one(i, true);
-  }
+  batched_sgemm(ctx, blas_ta, blas_tb, m, n, k, alpha, a.data<float>(), lda, off_a, b.data<float>(),
+                ldb, off_b, out.data<float>(), ldc, off_y);
 }
 
 // MatMul, and graphtrain::FusedMatMul: alpha * op(A) @ op(B) with op a transpose of the last two
@@ -240,7 +244,8 @@ void matmul(KernelContext& ctx) {
     return;
   }
   // General batched case: per-batch offsets of A and B from the broadcast.
-  std::vector<int64_t> off_a(static_cast<size_t>(batch)), off_b(static_cast<size_t>(batch));
+  std::vector<int64_t> off_a(static_cast<size_t>(batch)), off_b(off_a), off_y(off_a);
+  for (int64_t i = 0; i < batch; ++i) off_y[static_cast<size_t>(i)] = i * m * n;
   {
     Shape ba1 = ba, bb1 = bb;
     ba1.push_back(1);
@@ -256,17 +261,7 @@ void matmul(KernelContext& ctx) {
       }
     }
   }
-  if (batch >= ctx.pool().num_threads() || m * n * k < (1 << 18)) {
-    ctx.pool().parallel_for(batch, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        sgemm_serial(ta, tb, m, n, k, alpha, pa + off_a[static_cast<size_t>(i)], lda,
-                     pb + off_b[static_cast<size_t>(i)], ldb, 0.0f, po + i * m * n, n);
-    });
-  } else {
-    for (int64_t i = 0; i < batch; ++i)
-      sgemm(ctx, ta, tb, m, n, k, alpha, pa + off_a[static_cast<size_t>(i)], lda,
-            pb + off_b[static_cast<size_t>(i)], ldb, 0.0f, po + i * m * n, n);
-  }
+  batched_sgemm(ctx, ta, tb, m, n, k, alpha, pa, lda, off_a, pb, ldb, off_b, po, n, off_y);
 }
 
 void gemm(KernelContext& ctx) {
