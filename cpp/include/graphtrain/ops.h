@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graphtrain/graph.h"
@@ -73,11 +74,23 @@ void infer_shape_from_values(InferenceContext& ctx, size_t out, size_t in);
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+// Where a kernel's outputs go: the session's memory plan places them in its arena.
+class OutputAllocator {
+ public:
+  virtual ~OutputAllocator() = default;
+  virtual Tensor allocate(size_t output, DType dtype, Shape shape) = 0;
+};
+
 class KernelContext {
  public:
+  // `allocator`: nullptr allocates every output as a fresh tensor.
   KernelContext(const Node& node, std::vector<const Tensor*> inputs, std::vector<Tensor*> outputs,
-                ThreadPool& pool)
-      : node_(node), inputs_(std::move(inputs)), outputs_(std::move(outputs)), pool_(pool) {}
+                ThreadPool& pool, OutputAllocator* allocator = nullptr)
+      : node_(node),
+        inputs_(std::move(inputs)),
+        outputs_(std::move(outputs)),
+        pool_(pool),
+        allocator_(allocator) {}
 
   const Node& node() const { return node_; }
   size_t num_inputs() const { return inputs_.size(); }
@@ -87,7 +100,9 @@ class KernelContext {
   }
   const Tensor& input(size_t i) const;
   bool output_requested(size_t i) const { return i < outputs_.size() && outputs_[i]; }
-  // Allocates output i (or a scratch tensor when the output is not requested).
+  // Allocates output i (or a scratch tensor when the output is not requested). Where the kernel
+  // definition declares (i, j) in place, output i may be placed over input j: the kernel must
+  // give the same result when they share memory.
   Tensor& allocate_output(size_t i, DType dtype, Shape shape);
   // Sets output i to an existing tensor (a view or a constant).
   void set_output(size_t i, Tensor t);
@@ -99,6 +114,7 @@ class KernelContext {
   std::vector<const Tensor*> inputs_;
   std::vector<Tensor*> outputs_;
   ThreadPool& pool_;
+  OutputAllocator* allocator_;
   Tensor scratch_;
 };
 
@@ -110,6 +126,14 @@ class OpKernel {
 
 using KernelFactory = std::function<std::unique_ptr<OpKernel>(const Node&)>;
 
+// (output, input) pairs whose memory the kernel may share: each element of the output is written
+// only after the input's element at the same index (and nothing after it) has been read, and the
+// input has the output's shape. The memory planner uses a pair when the input dies at that node.
+using InPlacePairs = std::vector<std::pair<size_t, size_t>>;
+using InPlaceRule = std::function<InPlacePairs(const Node&)>;
+// The rule of a kernel that allows the same pairs on every node.
+InPlaceRule in_place(InPlacePairs pairs);
+
 struct KernelDef {
   std::string domain;
   std::string op_type;
@@ -117,13 +141,18 @@ struct KernelDef {
   KernelFactory factory;
   size_t type_input = 0;
   std::string device = "cpu";
+  InPlaceRule inplace;  // empty: no output shares an input's memory
 };
 
 void register_kernel(KernelDef def);
+// A kernel with per-node state: `factory` makes one for each node.
+void register_stateful_kernel(const std::string& domain, const std::string& op_type,
+                              std::vector<DType> dtypes, KernelFactory factory,
+                              InPlaceRule inplace = nullptr);
 // A kernel that needs no per-node state.
 void register_kernel(const std::string& domain, const std::string& op_type,
                      std::vector<DType> dtypes, std::function<void(KernelContext&)> fn,
-                     size_t type_input = 0);
+                     size_t type_input = 0, InPlaceRule inplace = nullptr);
 // The kernel for (op, dtype of the type input, device), or nullptr.
 const KernelDef* find_kernel(const std::string& domain, const std::string& op_type,
                              const std::string& device, DType dtype);

@@ -21,6 +21,14 @@ struct Pass {
 // The pipeline, in the order the passes run.
 const std::vector<Pass>& pass_pipeline();
 
+// The memory planner (graphtrain/memory_plan.h) is switched like a pass, under this name, though
+// it runs in the Session rather than on the graph.
+inline constexpr const char* kMemoryPlanPass = "memory_plan";
+
+// Whether the pass (or kMemoryPlanPass) runs: the compute optimizer is on and
+// GRAPHTRAIN_DISABLE_PASSES does not name it. Throws OptionError as optimize_graph does.
+bool pass_enabled(const std::string& name);
+
 // Runs the enabled passes of the pipeline on `graph`, each logging one DEVINFO line
 // ("<label>: <pass>: N rewrites"); returns (pass, rewrites) for the passes that ran. Throws
 // OptionError when GRAPHTRAIN_DISABLE_PASSES names a pass that does not exist.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "graphtrain/graph.h"
+#include "graphtrain/memory_plan.h"
 #include "graphtrain/tensor.h"
 
 namespace graphtrain {
@@ -36,6 +37,10 @@ class Session {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   // Inputs by name; every graph input must be given, and no unknown name.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds);
+
+  // The memory plan (graphtrain/memory_plan.h) for the input shapes of the latest run, made by
+  // the first run with those shapes; nullptr before that or with memory planning off.
+  const MemoryPlan* memory_plan() const;
 
   // Kernel timing: graphtrain/profiler.h (GRAPHTRAIN_PROFILE) records every run of every Session.
 

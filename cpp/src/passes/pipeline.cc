@@ -49,6 +49,8 @@ std::set<std::string> disabled_passes() {
     known.insert(p.name);
     list += (list.empty() ? "" : ", ") + p.name;
   }
+  known.insert(kMemoryPlanPass);
+  list += std::string(", ") + kMemoryPlanPass;
   for (const std::string& name : names)
     if (!known.count(name))
       throw OptionError(str_cat("GRAPHTRAIN_DISABLE_PASSES names '", name,
@@ -78,6 +80,10 @@ void break_on_purpose(Graph& graph, const std::unordered_set<const Node*>& befor
 }
 
 }  // namespace
+
+bool pass_enabled(const std::string& name) {
+  return Options::global().get_bool("enable_compute_optimizer") && !disabled_passes().count(name);
+}
 
 std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label) {
   std::vector<std::pair<std::string, size_t>> ran;

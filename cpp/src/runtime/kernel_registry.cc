@@ -40,7 +40,8 @@ const Tensor& KernelContext::input(size_t i) const {
 
 Tensor& KernelContext::allocate_output(size_t i, DType dtype, Shape shape) {
   Tensor& slot = output_requested(i) ? *outputs_[i] : scratch_;
-  slot = Tensor::empty(dtype, std::move(shape));
+  slot = allocator_ ? allocator_->allocate(i, dtype, std::move(shape))
+                    : Tensor::empty(dtype, std::move(shape));
   return slot;
 }
 
@@ -64,9 +65,25 @@ void register_kernel(KernelDef def) {
   r.kernels[{def.device, domain, def.op_type}].push_back(std::move(def));
 }
 
+void register_stateful_kernel(const std::string& domain, const std::string& op_type,
+                              std::vector<DType> dtypes, KernelFactory factory,
+                              InPlaceRule inplace) {
+  KernelDef def;
+  def.domain = domain;
+  def.op_type = op_type;
+  def.dtypes = std::move(dtypes);
+  def.factory = std::move(factory);
+  def.inplace = std::move(inplace);
+  register_kernel(std::move(def));
+}
+
+InPlaceRule in_place(InPlacePairs pairs) {
+  return [pairs = std::move(pairs)](const Node&) { return pairs; };
+}
+
 void register_kernel(const std::string& domain, const std::string& op_type,
                      std::vector<DType> dtypes, std::function<void(KernelContext&)> fn,
-                     size_t type_input) {
+                     size_t type_input, InPlaceRule inplace) {
   auto shared = std::make_shared<std::function<void(KernelContext&)>>(std::move(fn));
   KernelDef def;
   def.domain = domain;
@@ -74,6 +91,7 @@ void register_kernel(const std::string& domain, const std::string& op_type,
   def.dtypes = std::move(dtypes);
   def.type_input = type_input;
   def.factory = [shared](const Node&) { return std::make_unique<FunctionKernel>(*shared); };
+  def.inplace = std::move(inplace);
   register_kernel(std::move(def));
 }
 

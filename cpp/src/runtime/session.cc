@@ -1,6 +1,7 @@
 #include "graphtrain/session.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include "graphtrain/error.h"
@@ -8,10 +9,12 @@
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/options.h"
+#include "graphtrain/passes.h"
 #include "graphtrain/profiler.h"
 #include "graphtrain/strings.h"
 #include "graphtrain/thread_pool.h"
 #include "graphtrain/verifier.h"
+#include "run_memory.h"
 
 namespace graphtrain {
 
@@ -24,13 +27,17 @@ struct Session::Plan {
     size_t type_input = 0;
     DType kernel_dtype = DType::kUndefined;
     std::unique_ptr<OpKernel> kernel;
+    const KernelDef* def = nullptr;
   };
   std::vector<Step> steps;
   size_t num_slots = 0;
   std::vector<int> input_slots;
   std::vector<int> output_slots;
   std::vector<std::pair<int, Tensor>> constants;
-  bool memory_reported = false;
+  SessionMemory memory;
+  // GRAPHTRAIN_DISABLE_PASSES=memory_plan, or the compute optimizer off: every output allocated.
+  bool plan_memory = true;
+  bool memory_reported = false;  // planning off: the first run reported its memory
 };
 
 namespace {
@@ -51,6 +58,7 @@ Session::Session(Graph graph, SessionOptions options)
   verify(graph_);
   infer_shapes(graph_);
   Plan& plan = *plan_;
+  plan.plan_memory = pass_enabled(kMemoryPlanPass);
   std::unordered_map<const Value*, int> slot;
   auto slot_of = [&](const Value* v) {
     auto [it, inserted] = slot.emplace(v, static_cast<int>(slot.size()));
@@ -91,6 +99,11 @@ Session::Session(Graph graph, SessionOptions options)
 }
 
 Session::~Session() = default;
+
+const MemoryPlan* Session::memory_plan() const {
+  auto it = plan_->memory.bindings.find(plan_->memory.last);
+  return it == plan_->memory.bindings.end() ? nullptr : &it->second.plan;
+}
 
 std::vector<std::string> Session::input_names() const {
   std::vector<std::string> out;
@@ -175,6 +188,8 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
     }
   }
 
+  // Declared before the slots, so that the run's tensors are gone when it returns the workspace.
+  RunMemory memory(plan.memory, graph_.name, inputs, plan.steps.size(), plan.plan_memory);
   std::vector<Tensor> slots(plan.num_slots);
   for (size_t i = 0; i < inputs.size(); ++i)
     slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
@@ -184,14 +199,20 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   Profiler& profiler = Profiler::global();
   const bool tracing = profiler.active();
   const int64_t run_start = tracing ? profiler.now_ns() : 0;
-  // GRAPHTRAIN_PRINT_MEMORY_STATS: the first run measures the bytes its tensors hold at once.
-  const bool measure = !plan.memory_reported && Options::global().get_bool("print_memory_stats");
+  // GRAPHTRAIN_PRINT_MEMORY_STATS: the first run that follows a plan (or the first run, when
+  // planning is off) reports the plan and measures the bytes the run's tensors hold at once.
+  std::optional<MemoryPlan> report;
+  if (Options::global().get_bool("print_memory_stats")) {
+    if (const MemoryPlan* p = memory.plan_to_report()) report = *p;
+  }
+  const bool measure = report || (!plan.plan_memory && !plan.memory_reported &&
+                                  Options::global().get_bool("print_memory_stats"));
   int64_t live_peak = 0;
   auto live_bytes = [&] {
     std::unordered_map<const Storage*, size_t> held;  // views share their storage: count once
     for (const Tensor& t : slots)
       if (t.defined() && t.storage()->owned()) held[t.storage().get()] = t.storage()->bytes();
-    int64_t sum = 0;
+    int64_t sum = static_cast<int64_t>(memory.workspace_bytes());  // the arena's tensors
     for (auto [storage, bytes] : held) sum += static_cast<int64_t>(bytes);
     return sum;
   };
@@ -220,24 +241,28 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
       }
       step.kernel = def->factory(*step.node);
       step.kernel_dtype = dtype;
+      step.def = def;
     }
+    const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
+    memory.begin_step(step_index, *step.node, ins, step.def->inplace);
     if (tracing) {
       std::string shapes;
       for (size_t i = 0; i < ins.size(); ++i)
         shapes +=
             str_cat(i ? ", " : "", ins[i] && ins[i]->defined() ? shape_to_string(ins[i]->shape())
                                                                : std::string("-"));
-      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
+      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool, &memory);
       int64_t t0 = profiler.now_ns();
       step.kernel->compute(ctx);
       profiler.record({step.node->qualified_op(), "kernel", graph_.name, step.node->name,
                        step.node->scope, std::move(shapes), t0, profiler.now_ns() - t0});
     } else {
-      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool);
+      KernelContext ctx(*step.node, std::move(ins), std::move(outs), pool, &memory);
       step.kernel->compute(ctx);
     }
     if (measure) live_peak = std::max(live_peak, live_bytes());
     for (int s : step.release) slots[static_cast<size_t>(s)] = Tensor();
+    memory.end_step();
   }
 
   if (tracing)
@@ -245,10 +270,18 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
         {graph_.name, "graph", graph_.name, "", "", "", run_start, profiler.now_ns() - run_start});
   std::vector<Tensor> result;
   for (int s : plan.output_slots) result.push_back(slots[static_cast<size_t>(s)]);
+  slots.clear();
+  memory.finish();
   if (measure) {
     plan.memory_reported = true;
     MemoryStats m = memory_stats();
-    GT_INFO("graph '", graph_.name, "': its tensors held at most ", live_peak,
+    std::string planned =
+        report
+            ? str_cat("planned: ", report->planned_bytes, " bytes of intermediates in an arena of ",
+                      report->arena_bytes, " bytes (", report->inplace, " written in place), ",
+                      report->outside_bytes, " bytes of outputs and stashed values apart; ")
+            : std::string("no memory plan; ");
+    GT_INFO("graph '", graph_.name, "': ", planned, "its tensors held at most ", live_peak,
             " bytes at once (outputs included); engine tensor memory now ", m.current_bytes,
             " bytes, peak ", m.peak_bytes, " bytes, ", m.cached_bytes,
             " bytes of freed blocks cached for reuse");

@@ -342,8 +342,8 @@ void attention_grad(KernelContext& ctx) {
 }
 
 const bool registered = [] {
-  register_kernel(KernelDef{
-      GT, "Attention", {F32}, [](const Node& n) { return std::make_unique<AttentionKernel>(n); }});
+  register_stateful_kernel(GT, "Attention", {F32},
+                           [](const Node& n) { return std::make_unique<AttentionKernel>(n); });
   register_kernel(GT, "AttentionGrad", {F32}, attention_grad);
   return true;
 }();

@@ -70,9 +70,8 @@ void dropout_grad(KernelContext& ctx) {
 }
 
 const bool registered = [] {
-  register_kernel(KernelDef{"", "Dropout", {DType::kFloat32}, [](const Node& n) {
-                              return std::make_unique<DropoutKernel>(n);
-                            }});
+  register_stateful_kernel("", "Dropout", {DType::kFloat32},
+                           [](const Node& n) { return std::make_unique<DropoutKernel>(n); });
   register_kernel(GT, "DropoutGrad", {F32}, dropout_grad);
   return true;
 }();

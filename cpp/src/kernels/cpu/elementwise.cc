@@ -355,23 +355,26 @@ void binary_same(KernelContext& ctx, F f) {
 }
 
 const bool registered = [] {
-  register_kernel("", "Add", {F32, I64, I32}, binary_op<AddOp, false>);
-  register_kernel("", "Sub", {F32, I64, I32}, binary_op<SubOp, false>);
-  register_kernel("", "Mul", {F32, I64, I32}, binary_op<MulOp, false>);
-  register_kernel("", "Div", {F32, I64, I32}, binary_op<DivOp, false>);
+  // Elementwise kernels read each element before writing the same index: they may run in place.
+  const InPlaceRule first = in_place({{0, 0}});
+  const InPlaceRule either = in_place({{0, 0}, {0, 1}});
+  register_kernel("", "Add", {F32, I64, I32}, binary_op<AddOp, false>, 0, either);
+  register_kernel("", "Sub", {F32, I64, I32}, binary_op<SubOp, false>, 0, either);
+  register_kernel("", "Mul", {F32, I64, I32}, binary_op<MulOp, false>, 0, either);
+  register_kernel("", "Div", {F32, I64, I32}, binary_op<DivOp, false>, 0, either);
   register_kernel("", "Pow", {F32}, pow_kernel);
-  register_kernel("", "Min", {F32, I64, I32}, binary_op<MinOp, false>);
-  register_kernel("", "Max", {F32, I64, I32}, binary_op<MaxOp, false>);
+  register_kernel("", "Min", {F32, I64, I32}, binary_op<MinOp, false>, 0, either);
+  register_kernel("", "Max", {F32, I64, I32}, binary_op<MaxOp, false>, 0, either);
   register_kernel("", "Mod", {I64, I32}, mod_kernel);
   register_kernel("", "And", {BOOL}, logical<true>);
   register_kernel("", "Or", {BOOL}, logical<false>);
   register_kernel("", "Clip", {F32, I64, I32}, clip);
-  register_kernel("", "Cos", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::cos(x); });
-  });
-  register_kernel("", "Sin", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::sin(x); });
-  });
+  register_kernel(
+      "", "Cos", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::cos(x); }); }, 0, first);
+  register_kernel(
+      "", "Sin", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::sin(x); }); }, 0, first);
   register_kernel("", "Equal", {F32, I64, I32, BOOL}, binary_op<EqOp, true>);
   register_kernel("", "Less", {F32, I64, I32}, binary_op<LtOp, true>);
   register_kernel("", "Greater", {F32, I64, I32}, binary_op<GtOp, true>);
@@ -381,74 +384,105 @@ const bool registered = [] {
   register_kernel("", "Cast", {}, cast_kernel);
   register_kernel("", "Not", {BOOL},
                   [](KernelContext& ctx) { unary_typed<bool>(ctx, [](bool b) { return !b; }); });
-  register_kernel("", "Sqrt", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 2, [](float x) { return std::sqrt(x); });
-  });
-  register_kernel("", "Reciprocal", {F32},
-                  [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); });
-  register_kernel("", "Exp", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kExp); });
-  register_kernel("", "Log", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 8, [](float x) { return std::log(x); });
-  });
-  register_kernel("", "Tanh", {F32},
-                  [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kTanh); });
-  register_kernel("", "Erf", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kErf); });
-  register_kernel("", "Sigmoid", {F32},
-                  [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kSigmoid); });
-  register_kernel("", "Relu", {F32}, [](KernelContext& ctx) { unary_vec(ctx, 1, math::relu); });
-  register_kernel("", "LeakyRelu", {F32}, [](KernelContext& ctx) {
-    float alpha = ctx.node().attr_float("alpha", 0.01f);
-    unary_f32(ctx, 1, [alpha](float x) { return x >= 0 ? x : alpha * x; });
-  });
-  register_kernel("", "Gelu", {F32}, [](KernelContext& ctx) {
-    std::string approx = ctx.node().attr_string("approximate", "none");
-    if (approx == "tanh")
-      apply_vec_op(ctx, 4, VecOp::kGeluTanh);
-    else if (approx == "none")
-      apply_vec_op(ctx, 4, VecOp::kGelu);
-    else
-      ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
-  });
-  register_kernel("", "Neg", {F32, I64, I32}, [](KernelContext& ctx) {
-    switch (ctx.input(0).dtype()) {
-      case F32:
-        return unary_typed<float>(ctx, [](float x) { return -x; });
-      case I64:
-        return unary_typed<int64_t>(ctx, [](int64_t x) { return -x; });
-      default:
-        return unary_typed<int32_t>(ctx, [](int32_t x) { return -x; });
-    }
-  });
-  register_kernel("", "Abs", {F32, I64, I32}, [](KernelContext& ctx) {
-    switch (ctx.input(0).dtype()) {
-      case F32:
-        return unary_typed<float>(ctx, [](float x) { return std::fabs(x); });
-      case I64:
-        return unary_typed<int64_t>(ctx, [](int64_t x) { return x < 0 ? -x : x; });
-      default:
-        return unary_typed<int32_t>(ctx, [](int32_t x) { return x < 0 ? -x : x; });
-    }
-  });
+  register_kernel(
+      "", "Sqrt", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return std::sqrt(x); }); }, 0,
+      first);
+  register_kernel(
+      "", "Reciprocal", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 2, [](float x) { return 1.0f / x; }); }, 0, first);
+  register_kernel(
+      "", "Exp", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kExp); }, 0, first);
+  register_kernel(
+      "", "Log", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); }, 0, first);
+  register_kernel(
+      "", "Tanh", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kTanh); }, 0, first);
+  register_kernel(
+      "", "Erf", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kErf); }, 0, first);
+  register_kernel(
+      "", "Sigmoid", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 2, VecOp::kSigmoid); }, 0,
+      first);
+  register_kernel(
+      "", "Relu", {F32}, [](KernelContext& ctx) { unary_vec(ctx, 1, math::relu); }, 0, first);
+  register_kernel(
+      "", "LeakyRelu", {F32},
+      [](KernelContext& ctx) {
+        float alpha = ctx.node().attr_float("alpha", 0.01f);
+        unary_f32(ctx, 1, [alpha](float x) { return x >= 0 ? x : alpha * x; });
+      },
+      0, first);
+  register_kernel(
+      "", "Gelu", {F32},
+      [](KernelContext& ctx) {
+        std::string approx = ctx.node().attr_string("approximate", "none");
+        if (approx == "tanh")
+          apply_vec_op(ctx, 4, VecOp::kGeluTanh);
+        else if (approx == "none")
+          apply_vec_op(ctx, 4, VecOp::kGelu);
+        else
+          ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+      },
+      0, first);
+  register_kernel(
+      "", "Neg", {F32, I64, I32},
+      [](KernelContext& ctx) {
+        switch (ctx.input(0).dtype()) {
+          case F32:
+            return unary_typed<float>(ctx, [](float x) { return -x; });
+          case I64:
+            return unary_typed<int64_t>(ctx, [](int64_t x) { return -x; });
+          default:
+            return unary_typed<int32_t>(ctx, [](int32_t x) { return -x; });
+        }
+      },
+      0, first);
+  register_kernel(
+      "", "Abs", {F32, I64, I32},
+      [](KernelContext& ctx) {
+        switch (ctx.input(0).dtype()) {
+          case F32:
+            return unary_typed<float>(ctx, [](float x) { return std::fabs(x); });
+          case I64:
+            return unary_typed<int64_t>(ctx, [](int64_t x) { return x < 0 ? -x : x; });
+          default:
+            return unary_typed<int32_t>(ctx, [](int32_t x) { return x < 0 ? -x : x; });
+        }
+      },
+      0, first);
   register_kernel("", "Identity", {}, [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
   register_kernel(kGraphtrainDomain, "StopGradient", {},
                   [](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
-  register_kernel("", "Sign", {F32}, [](KernelContext& ctx) {
-    unary_f32(ctx, 1, [](float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == x ? 0.0f : x)); });
-  });
-  register_kernel(GT, "ReluGrad", {F32},
-                  [](KernelContext& ctx) { binary_same(ctx, math::relu_grad); });
-  register_kernel(GT, "SigmoidGrad", {F32},
-                  [](KernelContext& ctx) { binary_same(ctx, math::sigmoid_grad); });
-  register_kernel(GT, "TanhGrad", {F32},
-                  [](KernelContext& ctx) { binary_same(ctx, math::tanh_grad); });
-  register_kernel(GT, "LeakyReluGrad", {F32}, [](KernelContext& ctx) {
-    float alpha = ctx.node().attr_float("alpha", 0.01f);
-    binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
-  });
-  register_kernel(GT, "GeluGrad", {F32}, [](KernelContext& ctx) {
-    bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
-    apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
-  });
+  register_kernel(
+      "", "Sign", {F32},
+      [](KernelContext& ctx) {
+        unary_f32(ctx, 1,
+                  [](float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == x ? 0.0f : x)); });
+      },
+      0, first);
+  register_kernel(
+      GT, "ReluGrad", {F32}, [](KernelContext& ctx) { binary_same(ctx, math::relu_grad); }, 0,
+      either);
+  register_kernel(
+      GT, "SigmoidGrad", {F32}, [](KernelContext& ctx) { binary_same(ctx, math::sigmoid_grad); }, 0,
+      either);
+  register_kernel(
+      GT, "TanhGrad", {F32}, [](KernelContext& ctx) { binary_same(ctx, math::tanh_grad); }, 0,
+      either);
+  register_kernel(
+      GT, "LeakyReluGrad", {F32},
+      [](KernelContext& ctx) {
+        float alpha = ctx.node().attr_float("alpha", 0.01f);
+        binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
+      },
+      0, either);
+  register_kernel(
+      GT, "GeluGrad", {F32},
+      [](KernelContext& ctx) {
+        bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
+        apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
+      },
+      0, either);
   return true;
 }();
 

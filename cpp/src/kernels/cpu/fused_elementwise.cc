@@ -293,10 +293,38 @@ class FusedElementwise : public OpKernel {
   std::vector<int64_t> outputs_;
 };
 
+// Output o may be written over input i when the instruction that writes o is the last to read i
+// (each block is read, then written, at the same indices) and i is not also passed through.
+InPlacePairs fused_in_place(const Node& node) {
+  std::vector<int64_t> args = node.attr_ints("args");
+  std::vector<int64_t> outputs = node.attr_ints("outputs");
+  const int64_t n_inputs = static_cast<int64_t>(node.inputs().size());
+  const int64_t first_op =
+      n_inputs +
+      static_cast<int64_t>(node.has_attr("constants") ? node.attr_floats("constants").size() : 0);
+  const int64_t n_ops = static_cast<int64_t>(args.size() / 3);
+  std::vector<int64_t> last_read(static_cast<size_t>(n_inputs), -1);  // instruction
+  for (int64_t k = 0; k < n_ops; ++k)
+    for (int64_t j = 0; j < 3; ++j) {
+      int64_t r = args[static_cast<size_t>(3 * k + j)];
+      if (r >= 0 && r < n_inputs) last_read[static_cast<size_t>(r)] = k;
+    }
+  for (int64_t r : outputs)
+    if (r >= 0 && r < n_inputs) last_read[static_cast<size_t>(r)] = n_ops;  // passed through
+  InPlacePairs pairs;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    int64_t k = outputs[o] - first_op;
+    if (k < 0 || k >= n_ops) continue;
+    for (int64_t i = 0; i < n_inputs; ++i)
+      if (last_read[static_cast<size_t>(i)] <= k) pairs.emplace_back(o, static_cast<size_t>(i));
+  }
+  return pairs;
+}
+
 const bool registered = [] {
-  register_kernel(KernelDef{GT, "FusedElementwise", {F32}, [](const Node& node) {
-                              return std::make_unique<FusedElementwise>(node);
-                            }});
+  register_stateful_kernel(
+      GT, "FusedElementwise", {F32},
+      [](const Node& node) { return std::make_unique<FusedElementwise>(node); }, fused_in_place);
   return true;
 }();
 

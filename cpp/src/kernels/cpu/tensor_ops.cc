@@ -610,8 +610,8 @@ const bool registered = [] {
   register_kernel("", "ConstantOfShape", {}, constant_of_shape);
   register_kernel("", "Shape", {}, shape_op);
   register_kernel("", "Range", {DType::kFloat32, DType::kInt64, DType::kInt32}, range);
-  register_kernel(KernelDef{
-      "", "Constant", {}, [](const Node& n) { return std::make_unique<ConstantKernel>(n); }});
+  register_stateful_kernel("", "Constant", {},
+                           [](const Node& n) { return std::make_unique<ConstantKernel>(n); });
   register_kernel(GT, "GatherGrad", {F32}, gather_grad);
   register_kernel("", "Pad", {}, pad);
   register_kernel("", "GatherElements", {}, gather_elements);
