@@ -41,7 +41,9 @@ void expect_valid(const std::vector<BufferUse>& buffers, const MemoryPlan& plan)
                       buffers[j].first_step <= buffers[i].last_step;
       bool apart = end(i) <= static_cast<size_t>(plan.offsets[j]) ||
                    end(j) <= static_cast<size_t>(plan.offsets[i]);
-      if (together) EXPECT_TRUE(apart) << "buffers " << j << " and " << i;
+      if (together) {
+        EXPECT_TRUE(apart) << "buffers " << j << " and " << i;
+      }
     }
   }
 }

@@ -75,25 +75,28 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"identities", "constant_folding", "dead_code",
-                                             "fold_transposes", "fuse_elementwise"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"identities", "constant_folding", "dead_code",
+                                      "fold_transposes", "fuse_softmax", "fuse_elementwise"}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 5u);
+  ASSERT_EQ(ran.size(), 6u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
   EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
   EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
   EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fold_transposes", 0}));
-  EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
+  EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_softmax", 0}));
+  EXPECT_EQ(ran[5], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
   Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 3u);
+  ASSERT_EQ(ran.size(), 4u);
   EXPECT_EQ(ran[0].first, "identities");
   EXPECT_EQ(ran[1].first, "constant_folding");
   EXPECT_EQ(ran[2].first, "fold_transposes");
+  EXPECT_EQ(ran[3].first, "fuse_softmax");
   EXPECT_EQ(count(h, "Exp"), 1u);
 
   Options::global().set("enable_compute_optimizer", "0");
@@ -112,7 +115,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
     EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fold_transposes, "
-                       "fuse_elementwise"),
+                       "fuse_softmax, fuse_elementwise, memory_plan"),
               std::string::npos);
   }
 }
@@ -157,9 +160,10 @@ void expect_near(const std::vector<std::vector<float>>& a, const std::vector<std
   for (size_t o = 0; o < a.size(); ++o) {
     ASSERT_EQ(a[o].size(), b[o].size());
     for (size_t i = 0; i < a[o].size(); ++i)
-      if (a[o][i] != b[o][i] && !(std::isnan(a[o][i]) && std::isnan(b[o][i])))
+      if (a[o][i] != b[o][i] && !(std::isnan(a[o][i]) && std::isnan(b[o][i]))) {
         ASSERT_NEAR(a[o][i], b[o][i], tol * (1.0f + std::fabs(b[o][i])))
             << "output " << o << " element " << i;
+      }
   }
 }
 
@@ -397,6 +401,71 @@ TEST_F(PassesTest, FoldTransposesOfAttentionHeadsIntoStridedGemms) {
   EXPECT_EQ(count(g, "Transpose"), 0u);
   EXPECT_EQ(count(g, "FusedMatMul"), 2u);
   expect_near(run_all(std::move(g), {{3, 6, 2, 4}, {3, 6, 2, 4}, {3, 6, 2, 4}}), before, 1e-5f);
+}
+
+// ---- fuse_softmax ------------------------------------------------------------------------------
+
+// softmax(scores / c + mask) for a causal-style mask [t, t] (with -inf) and a padding-style one
+// [b, 1, 1, t], c on the Div's right or a Mul on either side; plus the scaled gradient.
+TEST_F(PassesTest, FuseSoftmaxOfScaledMaskedScoresAndItsGradient) {
+  SymShape bhtt = {SymDim::symbol("b"), SymDim(2), SymDim(5), SymDim(5)};
+  Graph g = new_graph("attention_scores");
+  Value* scores = g.add_input("scores", {DType::kFloat32, bhtt});
+  Value* causal = g.add_input("causal", {DType::kFloat32, SymShape{SymDim(5), SymDim(5)}});
+  Value* pad = g.add_input(
+      "pad", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(1), SymDim(1), SymDim(5)}});
+  Value* dy = g.add_input("dy", {DType::kFloat32, bhtt});
+  auto softmax = [&](Value* x) {
+    return g.add_op("Softmax", {x}, {{"axis", Attribute::of(int64_t{-1})}});
+  };
+  Value* c = scalar(g, 2.5f);
+  Value* p1 = softmax(g.add_op("Add", {g.add_op("Div", {scores, c}), causal}));
+  Value* p2 = softmax(g.add_op("Add", {pad, g.add_op("Mul", {c, scores})}));
+  Value* p3 = softmax(g.add_op("Mul", {scores, c}));
+  Value* p4 = softmax(g.add_op("Add", {scores, pad}));
+  Value* keep = g.add_op("Add", {g.add_op("Div", {scores, c}), causal});  // read twice: stays
+  Value* p5 = softmax(keep);
+  Value* grad = g.add_op("SoftmaxGrad", {dy, p1}, {{"axis", Attribute::of(int64_t{-1})}}, GT);
+  for (Value* v : {p1, p2, p3, p4, p5, keep, g.add_op("Div", {grad, c})}) g.add_output(v);
+  std::vector<Shape> shapes = {{3, 2, 5, 5}, {5, 5}, {3, 1, 1, 5}, {3, 2, 5, 5}};
+  // A causal mask: -inf above the diagonal.
+  auto run_masked = [&](Graph graph) {
+    Session s(std::move(graph));
+    std::vector<Tensor> in;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Tensor t = Tensor::empty(DType::kFloat32, shapes[i]);
+      for (int64_t k = 0; k < t.numel(); ++k)
+        t.data<float>()[k] = std::sin(0.7f * static_cast<float>(k) + static_cast<float>(i));
+      in.push_back(t);
+    }
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t q = r + 1; q < 5; ++q) in[1].data<float>()[r * 5 + q] = -INFINITY;
+    std::vector<std::vector<float>> out;
+    for (const Tensor& y : s.run(in))
+      out.emplace_back(y.data<float>(), y.data<float>() + y.numel());
+    return out;
+  };
+  auto before = run_masked(clone_graph(g));
+  EXPECT_EQ(fuse_softmax(g), 5u);  // four forward, one gradient
+  EXPECT_EQ(count(g, "FusedSoftmax"), 4u);
+  EXPECT_EQ(count(g, "Softmax"), 1u);  // its input is read elsewhere too
+  EXPECT_EQ(count(g, "Mul"), 0u);
+  EXPECT_EQ(count(g, "Div"), 1u);  // the shared one
+  EXPECT_EQ(count(g, "SoftmaxGrad"), 1u);
+  expect_near(run_masked(std::move(g)), before, 1e-5f);
+}
+
+TEST_F(PassesTest, FuseSoftmaxLeavesOtherAxesAndWideningMasks) {
+  Graph g = new_graph("other_softmax");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* wide = g.add_input(
+      "wide", {DType::kFloat32, SymShape{SymDim(2), SymDim::symbol("b"), SymDim(4), SymDim(6)}});
+  g.add_output(g.add_op("Softmax", {g.add_op("Mul", {x, scalar(g, 3.0f)})},
+                        {{"axis", Attribute::of(int64_t{1})}}));
+  g.add_output(g.add_op("Softmax", {g.add_op("Add", {x, wide})}));
+  Value* v = g.add_input("v", {DType::kFloat32, kBTC});
+  g.add_output(g.add_op("Softmax", {g.add_op("Mul", {x, v})}));  // not a constant scale
+  EXPECT_EQ(fuse_softmax(g), 0u);
 }
 
 TEST_F(PassesTest, ConstantFoldingLeavesRandomAndLargeNodes) {

@@ -52,6 +52,11 @@ size_t fold_constants(Graph& graph);
 // (graphtrain::FusedMatMul); returns how many were folded.
 size_t fold_transposes(Graph& graph);
 
+// Softmax over the last axis of a scaled (by a scalar constant) and/or additively masked input
+// becomes graphtrain::FusedSoftmax; a SoftmaxGrad scaled by a constant takes the scale as an
+// attribute. Returns how many were fused.
+size_t fuse_softmax(Graph& graph);
+
 // Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
 // over the data); returns how many fused nodes were made.
 size_t fuse_elementwise(Graph& graph);

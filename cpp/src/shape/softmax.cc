@@ -29,6 +29,8 @@ void softmax_cross_entropy(InferenceContext& ctx) {
 }
 
 const bool registered = [] {
+  register_shape_inferer(GT, "FusedSoftmax",
+                         [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
   for (const char* op : {"SoftmaxGrad", "LogSoftmaxGrad"})
     register_shape_inferer(GT, op, [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
   register_shape_inferer(GT, "SoftmaxCrossEntropyLossGrad",

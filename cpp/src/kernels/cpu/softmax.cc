@@ -64,6 +64,61 @@ void softmax(KernelContext& ctx) {
   });
 }
 
+// graphtrain::FusedSoftmax(X, [Mask]): softmax over the last axis of X * scale + Mask, Mask
+// broadcast to X (fuse_softmax makes it from attention's scale, mask and softmax).
+void fused_softmax(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() == 0) ctx.fail("X must have rank 1 or more");
+  const float scale = ctx.node().attr_float("scale", 1.0f);
+  const int64_t n = x.dim(x.rank() - 1);
+  Tensor& y = ctx.allocate_output(0, F32, x.shape());
+  if (x.numel() == 0) return;
+  const Tensor* mask = ctx.has_input(1) ? &ctx.input(1) : nullptr;
+  if (mask && mask->dtype() != F32) ctx.fail("Mask must be float32, got " + mask->describe());
+  Broadcaster bc(ctx, {&x.shape(), mask ? &mask->shape() : &x.shape()});
+  if (bc.out_shape() != x.shape())
+    ctx.fail("Mask " + mask->describe() + " does not broadcast to X " + x.describe());
+  const int64_t inner = bc.inner();  // a multiple of n: the last dim is never coalesced away
+  const bool mask_runs = bc.inner_stride(1) == 1;
+  const float* px = x.data<float>();
+  const float* pm = mask ? mask->data<float>() : nullptr;
+  float* py = y.data<float>();
+  const vec::f8 s8 = vec::splat(scale);
+  // One line: y = softmax(x * scale + m), m a run of the mask or (mask_runs false) one value.
+  auto line = [&](const float* xr, float* yr, const float* mr) {
+    // z into y, 8 lanes at a time (the compiler does not vectorize loops whose pointers may
+    // alias), then the softmax of y in place.
+    int64_t i = 0;
+    if (mr && mask_runs) {
+      for (; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(xr + i) * s8 + vec::load(mr + i));
+      for (; i < n; ++i) yr[i] = xr[i] * scale + mr[i];
+    } else {
+      const float add = mr ? mr[0] : 0.0f;
+      const vec::f8 a8 = vec::splat(add);
+      for (; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(xr + i) * s8 + a8);
+      for (; i < n; ++i) yr[i] = xr[i] * scale + add;
+    }
+    float mx = vec::max(yr, n);
+    if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
+    float inv = 1.0f / vec_exp_sum(yr, yr, n, mx);
+    const vec::f8 inv8 = vec::splat(inv);
+    for (i = 0; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(yr + i) * inv8);
+    for (; i < n; ++i) yr[i] *= inv;
+  };
+  parallel_for(ctx, x.numel() / n, n * 8, [&](int64_t lo, int64_t hi) {
+    int64_t off[2] = {0, 0};
+    for (int64_t l = lo; l < hi;) {
+      // The lines of one broadcast row share its mask offset: computed once per row.
+      int64_t at = l * n, row = at / inner, within = at % inner;
+      if (pm) bc.offsets(row, off);
+      for (; l < hi && within < inner; ++l, within += n) {
+        const float* mr = pm ? pm + off[1] + (mask_runs ? within : 0) : nullptr;
+        line(px + l * n, py + l * n, mr);
+      }
+    }
+  });
+}
+
 void softmax_cross_entropy(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
   const Tensor& labels_t = ctx.input(1);
@@ -142,15 +197,29 @@ void softmax_grad(KernelContext& ctx) {
   const float* g = dy.data<float>();
   const float* py = y.data<float>();
   float* o = dx.data<float>();
+  // scale: the gradient of a scale before the softmax, folded in by fuse_softmax.
+  const float scale = ctx.node().attr_float("scale", 1.0f);
   parallel_for(ctx, y.numel() / n, n * 4, [&](int64_t lo, int64_t hi) {
     for (int64_t l = lo; l < hi; ++l) {
       int64_t base = (l / inner) * n * inner + l % inner;
+      if (!kLog && inner == 1) {  // the last axis: 8 lanes
+        const float* gr = g + base;
+        const float* yr = py + base;
+        float* orow = o + base;
+        vec::f8 acc{};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) acc += vec::load(gr + i) * vec::load(yr + i);
+        float dot = vec::lane_sum(acc);
+        for (; i < n; ++i) dot += gr[i] * yr[i];
+        for (i = 0; i < n; ++i) orow[i] = scale * (yr[i] * (gr[i] - dot));
+        continue;
+      }
       float dot = 0;
       for (int64_t i = 0; i < n; ++i)
         dot += kLog ? g[base + i * inner] : g[base + i * inner] * py[base + i * inner];
       for (int64_t i = 0; i < n; ++i) {
         int64_t k = base + i * inner;
-        o[k] = kLog ? g[k] - vec::exp(py[k]) * dot : py[k] * (g[k] - dot);
+        o[k] = scale * (kLog ? g[k] - vec::exp(py[k]) * dot : py[k] * (g[k] - dot));
       }
     }
   });
@@ -209,6 +278,7 @@ void sce_grad(KernelContext& ctx) {
 
 const bool registered = [] {
   register_kernel("", "Softmax", {DType::kFloat32}, softmax<false>);
+  register_kernel(GT, "FusedSoftmax", {F32}, fused_softmax, 0, in_place({{0, 0}}));
   register_kernel("", "LogSoftmax", {DType::kFloat32}, softmax<true>);
   register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy);
   register_kernel(GT, "SoftmaxGrad", {F32}, softmax_grad<false>);
