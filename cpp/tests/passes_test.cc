@@ -75,28 +75,30 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"identities", "constant_folding", "dead_code",
-                                      "fold_transposes", "fuse_softmax", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"identities", "constant_folding", "dead_code",
+                                             "fold_transposes", "fuse_softmax", "fuse_layer_norm",
+                                             "fuse_elementwise"}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 6u);
+  ASSERT_EQ(ran.size(), 7u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
   EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
   EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
   EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fold_transposes", 0}));
   EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_softmax", 0}));
-  EXPECT_EQ(ran[5], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
+  EXPECT_EQ(ran[5], (std::pair<std::string, size_t>{"fuse_layer_norm", 0}));
+  EXPECT_EQ(ran[6], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
   Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 4u);
+  ASSERT_EQ(ran.size(), 5u);
   EXPECT_EQ(ran[0].first, "identities");
   EXPECT_EQ(ran[1].first, "constant_folding");
   EXPECT_EQ(ran[2].first, "fold_transposes");
   EXPECT_EQ(ran[3].first, "fuse_softmax");
+  EXPECT_EQ(ran[4].first, "fuse_layer_norm");
   EXPECT_EQ(count(h, "Exp"), 1u);
 
   Options::global().set("enable_compute_optimizer", "0");
@@ -115,7 +117,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
     EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fold_transposes, "
-                       "fuse_softmax, fuse_elementwise, memory_plan"),
+                       "fuse_softmax, fuse_layer_norm, fuse_elementwise, memory_plan"),
               std::string::npos);
   }
 }
@@ -466,6 +468,67 @@ TEST_F(PassesTest, FuseSoftmaxLeavesOtherAxesAndWideningMasks) {
   Value* v = g.add_input("v", {DType::kFloat32, kBTC});
   g.add_output(g.add_op("Softmax", {g.add_op("Mul", {x, v})}));  // not a constant scale
   EXPECT_EQ(fuse_softmax(g), 0u);
+}
+
+// ---- fuse_layer_norm ---------------------------------------------------------------------------
+
+// A transformer block's tail: s = (m + bias) + r feeds a LayerNorm and the next residual; the
+// LayerNorm's input gradient plus the residual's gradient.
+TEST_F(PassesTest, FuseLayerNormTakesTheResidualAddAndItsGradient) {
+  Graph g = new_graph("block");
+  Value* m = g.add_input("m", {DType::kFloat32, kBTC});
+  Value* r = g.add_input("r", {DType::kFloat32, kBTC});
+  Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* scale = g.add_input("scale", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* b = g.add_input("b", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* dy = g.add_input("dy", {DType::kFloat32, kBTC});
+  Value* dres = g.add_input("dres", {DType::kFloat32, kBTC});
+  Value* s = g.add_op("Add", {r, g.add_op("Add", {bias, m})});
+  Node* ln = g.add_node("LayerNormalization", {s, scale, b}, {"y", "mean", "inv"});
+  ln->attributes["axis"] = Attribute::of(int64_t{-1});
+  ln->scope = "blocks.0.ln";
+  Value* next = g.add_op("Mul", {s, ln->outputs()[0]});  // the residual stream goes on
+  Node* grad =
+      g.add_node("LayerNormalizationGrad", {dy, s, scale, ln->outputs()[1], ln->outputs()[2]},
+                 {"dx", "dscale", "dbias"}, GT);
+  grad->attributes["axis"] = Attribute::of(int64_t{-1});
+  Value* dsum = g.add_op("Add", {dres, grad->outputs()[0]});
+  for (Value* v : {ln->outputs()[0], ln->outputs()[1], ln->outputs()[2], s, next, dsum,
+                   grad->outputs()[1], grad->outputs()[2]})
+    g.add_output(v);
+  std::vector<Shape> shapes = {{3, 4, 6}, {3, 4, 6}, {6}, {6}, {6}, {3, 4, 6}, {3, 4, 6}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(fuse_layer_norm(g), 2u);
+  EXPECT_EQ(count(g, "AddLayerNormalization"), 1u);
+  EXPECT_EQ(count(g, "LayerNormalization"), 0u);
+  EXPECT_EQ(count(g, "Add"), 0u);  // the bias, the residual and the gradients' sum
+  EXPECT_EQ(count(g, "LayerNormalizationGrad"), 1u);
+  for (Node* n : g.nodes()) {
+    if (n->op_type == "AddLayerNormalization") {
+      EXPECT_EQ(n->scope, "blocks.0.ln");
+    }
+  }
+  EXPECT_EQ(g.outputs()[3]->name(), s->name());  // the sum keeps its name
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
+TEST_F(PassesTest, FuseLayerNormLeavesBroadcastResidualsAndOtherAxes) {
+  Graph g = new_graph("other_norms");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* row = g.add_input("row", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* scale = g.add_input("scale", {DType::kFloat32, SymShape{SymDim(6)}});
+  Value* scale4 = g.add_input("scale4", {DType::kFloat32, SymShape{SymDim(4), SymDim(6)}});
+  g.add_output(g.add_op("LayerNormalization", {g.add_op("Add", {x, row}), scale}));
+  g.add_output(g.add_op("LayerNormalization", {g.add_op("Add", {x, x}), scale4},
+                        {{"axis", Attribute::of(int64_t{1})}}));
+  // A scale read after the sum (as ZeRO-3 gathers a module's parameters after its input): fusing
+  // would make a cycle.
+  Value* sum = g.add_op("Add", {x, g.add_input("y", {DType::kFloat32, kBTC})});
+  Value* late = g.add_op(
+      "Add", {scale, g.add_op("ReduceSum", {sum}, {{"keepdims", Attribute::of(int64_t{0})}})});
+  g.add_output(g.add_op("LayerNormalization", {sum, late}));
+  EXPECT_EQ(fuse_layer_norm(g), 0u);
+  EXPECT_NO_THROW(g.topological_order());
 }
 
 TEST_F(PassesTest, ConstantFoldingLeavesRandomAndLargeNodes) {

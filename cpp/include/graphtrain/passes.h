@@ -57,6 +57,11 @@ size_t fold_transposes(Graph& graph);
 // attribute. Returns how many were fused.
 size_t fuse_softmax(Graph& graph);
 
+// LayerNormalization of a residual sum A + R (+ Bias) becomes graphtrain::AddLayerNormalization,
+// which also outputs the sum; a LayerNormalizationGrad's dX plus a gradient of its shape becomes
+// one LayerNormalizationGrad with that gradient as input 5. Returns how many were fused.
+size_t fuse_layer_norm(Graph& graph);
+
 // Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
 // over the data); returns how many fused nodes were made.
 size_t fuse_elementwise(Graph& graph);

@@ -78,4 +78,24 @@ size_t rewrite_matches(Graph& graph, const Pattern& pattern,
   return count;
 }
 
+bool fusable_without_cycle(const std::vector<Node*>& nodes) {
+  std::unordered_set<const Node*> inside(nodes.begin(), nodes.end());
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  for (const Node* n : nodes)
+    for (const Value* in : n->inputs())
+      if (in && in->producer() && !inside.count(in->producer())) stack.push_back(in->producer());
+  while (!stack.empty()) {
+    const Node* m = stack.back();
+    stack.pop_back();
+    if (!seen.insert(m).second) continue;
+    for (const Value* in : m->inputs()) {
+      if (!in || !in->producer()) continue;
+      if (inside.count(in->producer())) return false;
+      stack.push_back(in->producer());
+    }
+  }
+  return true;
+}
+
 }  // namespace graphtrain

@@ -56,4 +56,9 @@ class Pattern {
 size_t rewrite_matches(Graph& graph, const Pattern& pattern,
                        const std::function<bool(Graph&, const Match&)>& rewrite);
 
+// Whether `nodes`, replaced by one node, leave the graph acyclic: no value they read from outside
+// is computed from any of them (a node placed after another's output, like a ShardGather after
+// its module's input, can read a shared inner value).
+bool fusable_without_cycle(const std::vector<Node*>& nodes);
+
 }  // namespace graphtrain

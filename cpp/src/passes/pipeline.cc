@@ -24,6 +24,10 @@ const std::vector<Pass>& pass_pipeline() {
       {"fuse_softmax",
        "attention's scale + mask + softmax run as one FusedSoftmax; its gradient takes the scale",
        fuse_softmax},
+      {"fuse_layer_norm",
+       "the residual add (and a bias) before a LayerNorm, and the residual's gradient after "
+       "its gradient, run in the LayerNorm's pass",
+       fuse_layer_norm},
       {"fuse_elementwise",
        "chains of float elementwise ops of one shape run as one FusedElementwise loop",
        fuse_elementwise},

@@ -43,6 +43,11 @@ const bool registered = [] {
       infer_like_input(ctx, 2, 2);
     });
   register_shape_inferer("", "LayerNormalization", layer_norm);
+  // (A, R, Scale, [B], [Bias]) -> LayerNormalization's outputs and the sum A + R (+ Bias).
+  register_shape_inferer(GT, "AddLayerNormalization", [](InferenceContext& ctx) {
+    layer_norm(ctx);
+    infer_like_input(ctx, 3, 0);
+  });
   register_shape_inferer("", "BatchNormalization", batch_norm);
   register_shape_inferer(kGraphtrainDomain, "BatchNormalization", batch_norm);
   return true;

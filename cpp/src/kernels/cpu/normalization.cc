@@ -9,9 +9,15 @@
 namespace graphtrain::cpu {
 namespace {
 
+// LayerNormalization(X, Scale, [B]) over the dims from `axis` on, with outputs (Y, Mean,
+// InvStdDev); and graphtrain::AddLayerNormalization(A, R, Scale, [B], [Bias]), the residual add
+// fused in (fuse_layer_norm): X = A + R (+ Bias over the last dims) is output 3, written in the
+// same pass over each row.
+template <bool kAdd>
 void layer_norm(KernelContext& ctx) {
+  const size_t k = kAdd ? 1 : 0;  // inputs after X (or A, R) start here
   const Tensor& x = ctx.input(0);
-  const Tensor& scale = ctx.input(1);
+  const Tensor& scale = ctx.input(k + 1);
   int64_t rank = static_cast<int64_t>(x.rank());
   int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), rank);
   float eps = ctx.node().attr_float("epsilon", 1e-5f);
@@ -20,9 +26,22 @@ void layer_norm(KernelContext& ctx) {
   int64_t rows = cols ? x.numel() / cols : 0;
   if (scale.numel() != cols) ctx.fail(str_cat("Scale must have ", cols, " elements"));
   const float* bias = nullptr;
-  if (ctx.has_input(2)) {
-    if (ctx.input(2).numel() != cols) ctx.fail(str_cat("B must have ", cols, " elements"));
-    bias = ctx.input(2).data<float>();
+  if (ctx.has_input(k + 2)) {
+    if (ctx.input(k + 2).numel() != cols) ctx.fail(str_cat("B must have ", cols, " elements"));
+    bias = ctx.input(k + 2).data<float>();
+  }
+  const float* pr = nullptr;   // the residual R
+  const float* pab = nullptr;  // the bias added to A
+  float* ps = nullptr;         // the sum
+  if (kAdd) {
+    if (ctx.input(1).shape() != x.shape())
+      ctx.fail("A and R must have the same shape, got " + ctx.input(1).describe());
+    pr = ctx.input(1).data<float>();
+    if (ctx.has_input(4)) {
+      if (ctx.input(4).numel() != cols) ctx.fail(str_cat("Bias must have ", cols, " elements"));
+      pab = ctx.input(4).data<float>();
+    }
+    ps = ctx.allocate_output(3, F32, x.shape()).data<float>();
   }
   Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
   Shape stat_shape = x.shape();
@@ -36,10 +55,21 @@ void layer_norm(KernelContext& ctx) {
   const float* px = x.data<float>();
   const float* g = scale.data<float>();
   float* py = y.data<float>();
-  parallel_for(ctx, rows, cols * 3, [&](int64_t lo, int64_t hi) {
+  parallel_for(ctx, rows, cols * (kAdd ? 4 : 3), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = px + r * cols;
       float* yr = py + r * cols;
+      if (kAdd) {  // the sum first, then normalized like any X
+        float* sr = ps + r * cols;
+        const float* rr = pr + r * cols;
+        int64_t i = 0;
+        for (; i + 8 <= cols; i += 8) {
+          vec::f8 v = vec::load(xr + i) + vec::load(rr + i);
+          vec::store(sr + i, pab ? v + vec::load(pab + i) : v);
+        }
+        for (; i < cols; ++i) sr[i] = pab ? xr[i] + rr[i] + pab[i] : xr[i] + rr[i];
+        xr = sr;
+      }
       float mean = vec::sum(xr, cols) / static_cast<float>(cols);
       float sq = vec::sum_sq_centered(xr, cols, mean);
       float inv = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
@@ -157,6 +187,13 @@ void layer_norm_grad(KernelContext& ctx) {
   const float* w = scale.data<float>();
   const float* pm = mean.data<float>();
   const float* pi = inv.data<float>();
+  // Input 5 (fuse_layer_norm): a gradient added to dX, the residual's.
+  const float* acc = nullptr;
+  if (ctx.has_input(5)) {
+    if (ctx.input(5).shape() != x.shape())
+      ctx.fail("the gradient to add must have X's shape, got " + ctx.input(5).describe());
+    acc = ctx.input(5).data<float>();
+  }
   float* dx =
       ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
   int threads = ctx.pool().num_threads();
@@ -195,7 +232,8 @@ void layer_norm_grad(KernelContext& ctx) {
           float inv_n = 1.0f / static_cast<float>(cols);
           for (int64_t i = 0; i < cols; ++i) {
             float xh = (xr[i] - mu) * iv;
-            dx[r * cols + i] = iv * (gr[i] * w[i] - inv_n * (sum_d + xh * sum_dx));
+            float d = iv * (gr[i] * w[i] - inv_n * (sum_d + xh * sum_dx));
+            dx[r * cols + i] = acc ? d + acc[r * cols + i] : d;
           }
         }
       }
@@ -264,10 +302,13 @@ void batch_norm_grad(KernelContext& ctx) {
 }
 
 const bool registered = [] {
-  register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm);
+  register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm<false>);
+  register_kernel(GT, "AddLayerNormalization", {F32}, layer_norm<true>);
   register_kernel("", "BatchNormalization", {DType::kFloat32}, batch_norm);
   register_kernel(kGraphtrainDomain, "BatchNormalization", {DType::kFloat32}, batch_norm);
-  register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad);
+  // dX is written row by row after the row of dY (and of the added gradient) has been read.
+  register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad, 0,
+                  in_place({{0, 0}, {0, 5}}));
   register_kernel(GT, "BatchNormalizationGrad", {F32}, batch_norm_grad);
   return true;
 }();
