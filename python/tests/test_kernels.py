@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto
 
+import graphtrain
 import graphtrain.engine as ge
-from onnx_util import run_node
+from onnx_util import node_model, run_graphtrain, run_node
 
 rng = np.random.default_rng(0)
 
@@ -476,6 +477,50 @@ def test_conv1d_and_same_padding():
     )
     (pw,) = run_node("Conv", {"x": x2, "w": randn(5, 3, 1, 1)}, {})
     assert pw.shape == (1, 5, 7, 7)
+
+
+@pytest.mark.parametrize("algorithm", ["AUTO", "IM2COL"])
+@pytest.mark.parametrize(
+    "shape, kernel, stride, pads, dil, group",
+    [
+        ((3, 4, 9, 8), (3, 3), 1, (1, 1, 1, 1), 1, 1),  # batch 3: uneven parts over two threads
+        ((2, 4, 9, 8), (3, 3), 2, (1, 0, 2, 1), 1, 1),  # asymmetric pads
+        ((2, 4, 9, 8), (3, 2), 1, (2, 2, 2, 2), 2, 1),  # dilation
+        ((2, 8, 6, 6), (3, 3), 1, (1, 1, 1, 1), 1, 4),  # groups
+        ((4, 16, 5, 5), (1, 1), 2, (0, 0, 0, 0), 1, 1),  # a strided shortcut
+        ((3, 3, 12, 12), (7, 7), 2, (3, 3, 3, 3), 1, 1),  # a stem: three input channels
+        ((2, 3, 11), (3,), 1, (1, 1), 1, 1),  # 1-D
+    ],
+)
+def test_conv_forward_and_gradients(algorithm, shape, kernel, stride, pads, dil, group):
+    # Conv and graphtrain::ConvGrad against torch, on oneDNN's direct kernels (AUTO, where the
+    # build has them) and on im2col + GEMM.
+    graphtrain.set_option("conv_algorithm", algorithm)
+    spatial = len(kernel)
+    x = randn(*shape)
+    w = randn(16 if shape[1] == 16 else 8, shape[1] // group, *kernel)
+    b = randn(w.shape[0])
+    attrs = {
+        "strides": [stride] * spatial,
+        "pads": list(pads),
+        "dilations": [dil] * spatial,
+        "group": group,
+    }
+    (y,) = run_node("Conv", {"x": x, "w": w, "b": b}, attrs)
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+    xp = F.pad(tx, [p for i in reversed(range(spatial)) for p in (pads[i], pads[i + spatial])])
+    conv = F.conv2d if spatial == 2 else F.conv1d
+    ref = conv(xp, tw, tb, stride, 0, dil, group)
+    close(y, ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    dy = randn(*ref.shape)
+    ref.backward(torch.from_numpy(dy))
+    model = node_model(
+        "ConvGrad", {"dy": dy, "x": x, "w": w}, attrs, n_outputs=3, domain="graphtrain"
+    )
+    dx, dw, db = run_graphtrain(model, {"dy": dy, "x": x, "w": w})
+    close(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    close(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+    close(db, tb.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("k, s, p, ceil", [(2, 2, 0, 0), (3, 2, 1, 0), (3, 2, 1, 1), (3, 1, 0, 0)])

@@ -107,6 +107,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "(GraphModule)."),
       spec("num_threads", T::kInt, "0", "GRAPHTRAIN_NUM_THREADS",
            "Threads in graphtrain's thread pool; 0 uses one per core (engine).", {}, 0, 4096),
+      spec("conv_algorithm", T::kEnum, "AUTO", "GRAPHTRAIN_CONV_ALGORITHM",
+           "AUTO runs convolutions on oneDNN's direct kernels where it has one for the shape "
+           "(built with oneDNN), else im2col + GEMM; IM2COL always im2col + GEMM (engine).",
+           {"AUTO", "IM2COL"}),
       spec("enable_zero_stage3", T::kBool, "0", "GRAPHTRAIN_ENABLE_ZERO_STAGE3",
            "GraphModule shards its model's parameters, gradients and optimizer state across "
            "the ranks of torch.distributed (graphtrain.distributed.zero3; build the optimizer "

@@ -1,10 +1,12 @@
-// CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) by im2col + GEMM, MaxPool,
+// CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) on oneDNN's direct kernels
+// where it has one (conv_dnnl.cc), else by im2col + GEMM; MaxPool,
 // AveragePool and GlobalAveragePool, and their gradients.
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/gemm.h"
 
 namespace graphtrain::cpu {
@@ -77,6 +79,11 @@ Geometry geometry(KernelContext& ctx, const Shape& x, std::vector<int64_t> kerne
   g.oh = two ? out[0] : 1;
   g.ow = out.back();
   return g;
+}
+
+ConvShape conv_shape(const Geometry& g, int64_t m, int64_t group) {
+  return {g.n,  g.c,  g.h,  g.w,   m,     group, g.kh,  g.kw, g.sh,
+          g.sw, g.dh, g.dw, g.ph0, g.pw0, g.ph1, g.pw1, g.oh, g.ow};
 }
 
 Shape output_shape(const Shape& x, int64_t channels, const Geometry& g) {
@@ -174,6 +181,7 @@ void conv(KernelContext& ctx) {
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   float* py = y.data<float>();
+  if (dnnl_conv_forward(ctx.pool(), conv_shape(g, m, group), px, pw, bias, py)) return;
   bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph0 == 0 && g.pw0 == 0 &&
                    g.ph1 == 0 && g.pw1 == 0;
   int threads = ctx.pool().num_threads();
@@ -259,31 +267,15 @@ void col2im(const float* col, int64_t channels, const Geometry& g, const int32_t
 }
 
 // ConvGrad(dY, X, W) -> dX, dW, dB with Conv's attributes.
-void conv_grad(KernelContext& ctx) {
-  const Tensor& dy = ctx.input(0);
-  const Tensor& x = ctx.input(1);
-  const Tensor& w = ctx.input(2);
-  std::vector<int64_t> kernel = ctx.node().attr_ints("kernel_shape");
-  if (kernel.empty()) kernel.assign(w.shape().begin() + 2, w.shape().end());
-  Geometry g = geometry(ctx, x.shape(), kernel, false);
-  int64_t group = ctx.node().attr_int("group", 1);
-  int64_t m = w.dim(0), cg = w.dim(1);
-  if (group <= 0 || g.c != cg * group || m % group != 0) ctx.fail("X, W and group do not match");
-  int64_t mg = m / group, kdim = cg * g.kh * g.kw, cols = g.oh * g.ow;
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pw = w.data<float>();
-  float* dx = nullptr;
-  if (ctx.output_requested(0)) {
-    Tensor& t = ctx.allocate_output(0, DType::kFloat32, x.shape());
-    std::memset(t.raw_data(), 0, t.nbytes());
-    dx = t.data<float>();
-  }
-  bool want_w = ctx.output_requested(1);
+// ConvGrad by im2col + GEMM: per chunk of images and group, dY gathered as [mg, nb * cols] (as is
+// for one image); dW += dY @ col^T; dcol = W^T @ dY spread back over the images' dX.
+void im2col_conv_grad(KernelContext& ctx, const Geometry& g, int64_t m, int64_t group,
+                      const float* pdy, const float* px, const float* pw, float* dx, float* dw) {
+  int64_t cg = g.c / group, mg = m / group, kdim = cg * g.kh * g.kw, cols = g.oh * g.ow;
+  bool want_w = dw != nullptr;
+  if (dx) std::fill(dx, dx + g.n * g.c * g.h * g.w, 0.0f);
   int threads = ctx.pool().num_threads();
   std::vector<int32_t> taps = tap_offsets(g);
-  // Per chunk of images and group: dY gathered as [mg, nb * cols] (as is for one image);
-  // dW += dY @ col^T; dcol = W^T @ dY spread back over the images' dX.
   int64_t nb = images_per_chunk(g, kdim, threads);
   int64_t chunks = (g.n + nb - 1) / nb;
   int parts = static_cast<int>(std::min<int64_t>(threads, chunks));
@@ -294,8 +286,8 @@ void conv_grad(KernelContext& ctx) {
         dyc(nb == 1 ? 0 : static_cast<size_t>(mg * nb * cols)),
         plane(static_cast<size_t>(padded_plane_size(g)));
     for (int64_t t = t0; t < t1; ++t) {
-      auto& dw = dw_parts[static_cast<size_t>(t)];
-      if (want_w) dw.assign(static_cast<size_t>(m * kdim), 0.0f);
+      auto& part = dw_parts[static_cast<size_t>(t)];
+      if (want_w) part.assign(static_cast<size_t>(m * kdim), 0.0f);
       for (int64_t c = t; c < chunks; c += parts) {
         int64_t b0 = c * nb, n = std::min(nb, g.n - b0), ld = n * cols;
         for (int64_t gi = 0; gi < group; ++gi) {
@@ -312,7 +304,7 @@ void conv_grad(KernelContext& ctx) {
               im2col(px + ((b0 + b) * g.c + gi * cg) * g.h * g.w, cg, g, taps.data(),
                      col.data() + b * cols, ld, plane.data());
             sgemm_serial(false, true, mg, kdim, ld, 1.0f, dyg, ld, col.data(), ld, 1.0f,
-                         dw.data() + gi * mg * kdim, kdim);
+                         part.data() + gi * mg * kdim, kdim);
           }
           if (dx) {
             sgemm_serial(true, false, kdim, ld, mg, 1.0f, pw + gi * mg * kdim, kdim, dyg, ld, 0.0f,
@@ -326,13 +318,36 @@ void conv_grad(KernelContext& ctx) {
     }
   });
   if (want_w) {
-    float* dw = ctx.allocate_output(1, DType::kFloat32, w.shape()).data<float>();
     std::fill(dw, dw + m * kdim, 0.0f);
     for (auto& part : dw_parts)
       if (!part.empty())
         for (int64_t i = 0; i < m * kdim; ++i) dw[i] += part[static_cast<size_t>(i)];
   }
+}
+
+void conv_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& w = ctx.input(2);
+  std::vector<int64_t> kernel = ctx.node().attr_ints("kernel_shape");
+  if (kernel.empty()) kernel.assign(w.shape().begin() + 2, w.shape().end());
+  Geometry g = geometry(ctx, x.shape(), kernel, false);
+  int64_t group = ctx.node().attr_int("group", 1);
+  int64_t m = w.dim(0), cg = w.dim(1);
+  if (group <= 0 || g.c != cg * group || m % group != 0) ctx.fail("X, W and group do not match");
+  const float* pdy = dy.data<float>();
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  float* dx = ctx.output_requested(0)
+                  ? ctx.allocate_output(0, DType::kFloat32, x.shape()).data<float>()
+                  : nullptr;
+  float* dw = ctx.output_requested(1)
+                  ? ctx.allocate_output(1, DType::kFloat32, w.shape()).data<float>()
+                  : nullptr;
+  if ((dx || dw) && !dnnl_conv_backward(ctx.pool(), conv_shape(g, m, group), pdy, px, pw, dx, dw))
+    im2col_conv_grad(ctx, g, m, group, pdy, px, pw, dx, dw);
   if (ctx.output_requested(2)) {
+    int64_t cols = g.oh * g.ow;
     float* db = ctx.allocate_output(2, DType::kFloat32, {m}).data<float>();
     for (int64_t o = 0; o < m; ++o) {
       double s = 0;

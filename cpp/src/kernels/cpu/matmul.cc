@@ -9,8 +9,8 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
                             int ldc);
 #ifdef GRAPHTRAIN_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
-extern "C" int omp_get_max_threads();
-extern "C" void omp_set_num_threads(int);
+
+#include "kernels/cpu/dnnl_threads.h"
 #endif
 
 namespace graphtrain::cpu {
@@ -33,14 +33,9 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   }
 #ifdef GRAPHTRAIN_HAVE_DNNL
   if (m * n * k >= kDnnlMinWork) {
-    // Debian's oneDNN threads with OpenMP: on one thread here (graphtrain's pool owns the
-    // parallelism), and the calling thread's OpenMP setting put back after (in a PyTorch process
-    // the OpenMP runtime is torch's, and this thread may be one torch runs ops on).
-    int threads = omp_get_max_threads();
-    if (threads != 1) omp_set_num_threads(1);
+    OneOmpThread one;
     dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
                ldc);
-    if (threads != 1) omp_set_num_threads(threads);
     return;
   }
 #endif
