@@ -266,7 +266,6 @@ void col2im(const float* col, int64_t channels, const Geometry& g, const int32_t
   }
 }
 
-// ConvGrad(dY, X, W) -> dX, dW, dB with Conv's attributes.
 // ConvGrad by im2col + GEMM: per chunk of images and group, dY gathered as [mg, nb * cols] (as is
 // for one image); dW += dY @ col^T; dcol = W^T @ dY spread back over the images' dX.
 void im2col_conv_grad(KernelContext& ctx, const Geometry& g, int64_t m, int64_t group,
@@ -325,6 +324,7 @@ void im2col_conv_grad(KernelContext& ctx, const Geometry& g, int64_t m, int64_t 
   }
 }
 
+// ConvGrad(dY, X, W) -> dX, dW, dB with Conv's attributes.
 void conv_grad(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);

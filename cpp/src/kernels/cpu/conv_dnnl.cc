@@ -140,11 +140,11 @@ Prim make_prim(const ConvShape& s, int64_t n, Kind kind) {
 
 // The primitive for (shape, batch size, kind), made on first use and kept.
 const Prim& prim(const ConvShape& s, int64_t n, Kind kind) {
-  using Key = std::array<int64_t, 20>;
+  using Key = std::array<int64_t, 19>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Prim>> cache;
   Key key{n,    s.c,  s.h,   s.w,   s.m,   s.group, s.kh, s.kw, s.sh, s.sw,
-          s.dh, s.dw, s.ph0, s.pw0, s.ph1, s.pw1,   s.oh, s.ow, kind, 0};
+          s.dh, s.dw, s.ph0, s.pw0, s.ph1, s.pw1,   s.oh, s.ow, kind};
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<Prim>& p = cache[key];
   if (!p) p = std::make_unique<Prim>(make_prim(s, n, kind));
@@ -164,7 +164,7 @@ struct Split {
 
 // The primitives for both part sizes of a split, or false where oneDNN declines either.
 bool prims_for(const ConvShape& s, const Split& split, Kind kind) {
-  if (!prim(s, split.base ? split.base : 1, kind).ok) return false;
+  if (!prim(s, split.base, kind).ok) return false;  // base >= 1: never more parts than images
   return split.extra == 0 || prim(s, split.base + 1, kind).ok;
 }
 
