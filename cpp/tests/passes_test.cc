@@ -405,6 +405,42 @@ TEST_F(PassesTest, FoldTransposesOfAttentionHeadsIntoStridedGemms) {
   expect_near(run_all(std::move(g), {{3, 6, 2, 4}, {3, 6, 2, 4}, {3, 6, 2, 4}}), before, 1e-5f);
 }
 
+// The backward of attention as the gradient builder writes it: dK^T = (dS^T Q)^T transposed back
+// into [b, t, h, d] (a swapped product, then permY), k split into heads read by two GEMMs (both
+// fold it), and, forward, k split into heads and transposed (two Transposes in a row become one;
+// it stays, being a graph output: a value stashed for the backward).
+TEST_F(PassesTest, FoldTransposesOfSwappedProductsSharedOperandsAndChains) {
+  Graph g = new_graph("attention_grad");
+  SymShape bthd = {SymDim::symbol("b"), SymDim(6), SymDim(2), SymDim(4)};
+  SymShape bhtt = {SymDim::symbol("b"), SymDim(2), SymDim(6), SymDim(6)};
+  Value* ds = g.add_input("ds", {DType::kFloat32, bhtt});
+  Value* q = g.add_input(
+      "q", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(2), SymDim(6), SymDim(4)}});
+  Value* k = g.add_input("k", {DType::kFloat32, bthd});
+  auto perm = [](std::vector<int64_t> p) { return Attribute::of(std::move(p)); };
+  Value* dk_t = g.add_op(
+      "Transpose",
+      {g.add_op("MatMul", {g.add_op("Transpose", {ds}, {{"perm", perm({0, 1, 3, 2})}}), q})},
+      {{"perm", perm({0, 1, 3, 2})}});
+  g.add_output(g.add_op("Transpose", {dk_t}, {{"perm", perm({0, 2, 1, 3})}}));
+  Value* kh = g.add_op("Transpose", {k}, {{"perm", perm({0, 2, 1, 3})}});  // [b, h, t, d]
+  g.add_output(g.add_op("MatMul", {ds, kh}));
+  g.add_output(
+      g.add_op("MatMul", {g.add_op("Transpose", {ds}, {{"perm", perm({0, 1, 3, 2})}}), kh}));
+  Value* kt = g.add_op("Transpose", {g.add_op("Transpose", {k}, {{"perm", perm({0, 2, 1, 3})}})},
+                       {{"perm", perm({0, 1, 3, 2})}});
+  g.add_output(kt);
+  g.add_output(g.add_op("MatMul", {q, kt}));
+  std::vector<Shape> shapes = {{3, 2, 6, 6}, {3, 2, 6, 4}, {3, 6, 2, 4}};
+  auto before = run_all(clone_graph(g), shapes);
+  fold_transposes(g);
+  EXPECT_EQ(count(g, "Transpose"), 1u);  // the stashed kt, made in one copy
+  EXPECT_EQ(kt->producer()->attr_ints("perm"), (std::vector<int64_t>{0, 2, 3, 1}));
+  EXPECT_EQ(kt->producer()->input(0), k);
+  EXPECT_EQ(g.outputs()[0]->producer()->op_type, "FusedMatMul");
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
 // ---- fuse_softmax ------------------------------------------------------------------------------
 
 // softmax(scores / c + mask) for a causal-style mask [t, t] (with -inf) and a padding-style one
