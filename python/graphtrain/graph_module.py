@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from . import _C, _cache, _fallback, _gather, _islands, custom_function
 from ._callbacks import CallbackRun, recording
@@ -141,6 +142,13 @@ class _Runner:
                 self.buffers[name].copy_(value)
 
 
+def _run(session: Session, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Runs a graph on torch tensors, which cross as bare DLPack capsules both ways (the
+    protocol's Python layers, __dlpack__ and from_dlpack of an object, cost a few microseconds a
+    tensor: ~0.5 ms a step on the GPT bench model)."""
+    return [from_dlpack(c) for c in session.run_dlpack([to_dlpack(t.detach()) for t in tensors])]
+
+
 class _EngineFunction(torch.autograd.Function):
     """Connects the engine's forward and backward graphs to torch autograd."""
 
@@ -148,7 +156,7 @@ class _EngineFunction(torch.autograd.Function):
     def forward(ctx: Any, runner: _Runner, module: torch.nn.Module, *tensors: torch.Tensor) -> Any:
         ctx.run = CallbackRun(module, training=True)  # what hooks and PythonOps keep for backward
         with recording(ctx.run):
-            outs = runner.forward.run([t.detach() for t in tensors])
+            outs = _run(runner.forward, tensors)
         n, nb = runner.n_out, len(runner.captured.buffer_updates)
         runner.write_buffers(outs[n : n + nb])
         ctx.runner = runner
@@ -171,7 +179,7 @@ class _EngineFunction(torch.autograd.Function):
             for k in runner.float_outputs
         ] + list(ctx.stash)
         with recording(ctx.run):
-            results = iter(runner.backward.run(feeds))
+            results = iter(_run(runner.backward, feeds))
         ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):
@@ -370,7 +378,7 @@ class GraphModule(torch.nn.Module):
             outs = list(_EngineFunction.apply(runner, self.module, *all_inputs))
         else:
             with recording(CallbackRun(self.module, training=False)):
-                res = runner.infer.run([t.detach() for t in all_inputs])
+                res = _run(runner.infer, all_inputs)
             runner.write_buffers(res[runner.n_out :])
             outs = res[: runner.n_out]
         if self._zero_offload is not None:

@@ -83,8 +83,8 @@ bool is_torch(nb::handle obj) {
   return nb::isinstance<nb::str>(mod) && nb::cast<std::string>(mod).rfind("torch", 0) == 0;
 }
 
-// Wraps a Python array as a Tensor without copying when it is contiguous; the Python object stays
-// alive as long as the tensor's storage does.
+// Wraps a Python array (or DLPack capsule) as a Tensor without copying when it is contiguous; its
+// data stays alive as long as the tensor's storage does.
 Tensor to_tensor(nb::handle obj, const std::string& what) {
   AnyArray arr;
   try {
@@ -106,11 +106,13 @@ Tensor to_tensor(nb::handle obj, const std::string& what) {
     expect *= static_cast<int64_t>(arr.shape(i));
   }
   if (contiguous) {
-    PyObject* owner = obj.ptr();
-    Py_INCREF(owner);
-    return Tensor::borrow(const_cast<void*>(arr.data()), dtype, shape, [owner] {
+    // The imported array holds the producer's data (through the DLPack tensor it took, or the
+    // buffer): kept as long as the storage. Not `obj`: a DLPack capsule, once imported, no longer
+    // owns the data.
+    auto* keep = new AnyArray(arr);
+    return Tensor::borrow(const_cast<void*>(arr.data()), dtype, shape, [keep] {
       nb::gil_scoped_acquire gil;
-      Py_DECREF(owner);
+      delete keep;
     });
   }
   // A strided view: copy it densely.
@@ -132,21 +134,68 @@ Tensor to_tensor(nb::handle obj, const std::string& what) {
   return t;
 }
 
-nb::object to_python(const Tensor& t, bool torch) {
+// A DLPack capsule ("dltensor") viewing a tensor, C-contiguous, with no copy. The layout of
+// DLManagedTensor (the DLPack tensor, manager_ctx, deleter) comes first; the consumer calls the
+// deleter when it is done, or the capsule does if nothing consumed it.
+struct ManagedTensor {
+  nb::dlpack::dltensor dl;
+  void* manager_ctx = nullptr;
+  void (*deleter)(ManagedTensor*) = nullptr;
+  Tensor tensor;  // ours from here on: what keeps the data alive
+  std::vector<int64_t> shape, strides;
+};
+
+nb::object to_capsule(const Tensor& t) {
+  auto* m = new ManagedTensor();
+  m->tensor = t;
+  m->shape.assign(t.shape().begin(), t.shape().end());
+  m->strides.assign(m->shape.size(), 1);
+  for (size_t i = m->shape.size(); i-- > 1;) m->strides[i - 1] = m->strides[i] * m->shape[i];
+  m->dl.data = t.numel() ? t.raw_data() : nullptr;
+  m->dl.device = {1, 0};  // kDLCPU
+  m->dl.ndim = static_cast<int32_t>(m->shape.size());
+  m->dl.dtype = to_dlpack(t.dtype());
+  m->dl.shape = m->shape.data();
+  m->dl.strides = m->strides.data();
+  m->manager_ctx = m;
+  m->deleter = [](ManagedTensor* p) { delete p; };
+  PyObject* capsule = PyCapsule_New(m, "dltensor", [](PyObject* c) {
+    if (!PyCapsule_IsValid(c, "dltensor")) return;  // consumed ("used_dltensor"): not ours
+    auto* m = static_cast<ManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+    m->deleter(m);
+  });
+  if (!capsule) {
+    delete m;
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
+// How run hands its results to Python: numpy arrays, torch tensors (through nanobind's export:
+// torch.utils.dlpack.from_dlpack of an object with __dlpack__), or bare DLPack capsules, which
+// GraphModule turns into tensors itself (torch.utils.dlpack.from_dlpack of a capsule skips the
+// protocol's Python layers: ~3 us less per tensor, ~0.5 ms per training step of the GPT bench).
+enum class Results { kNumpy, kTorch, kCapsules };
+
+nb::object to_python(const Tensor& t, Results kind) {
+  if (kind == Results::kCapsules) return to_capsule(t);
   auto* keep = new Tensor(t);
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
   void* data = t.numel() ? t.raw_data() : nullptr;
-  if (torch)
+  if (kind == Results::kTorch)
     return nb::cast(nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), owner, nullptr,
                                              to_dlpack(t.dtype())));
   return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr,
                                          to_dlpack(t.dtype())));
 }
 
-nb::list run_session(Session& s, nb::handle feeds) {
+nb::list run_session(Session& s, nb::handle feeds, bool capsules = false) {
   std::vector<Tensor> inputs;
   bool torch = false;
+  auto kind = [&] {
+    return capsules ? Results::kCapsules : torch ? Results::kTorch : Results::kNumpy;
+  };
   std::vector<std::string> names = s.input_names();
   if (nb::isinstance<nb::dict>(feeds)) {
     std::map<std::string, Tensor> by_name;
@@ -161,7 +210,7 @@ nb::list run_session(Session& s, nb::handle feeds) {
       out = s.run(by_name);
     }
     nb::list result;
-    for (const Tensor& t : out) result.append(to_python(t, torch));
+    for (const Tensor& t : out) result.append(to_python(t, kind()));
     return result;
   }
   size_t i = 0;
@@ -177,7 +226,7 @@ nb::list run_session(Session& s, nb::handle feeds) {
     out = s.run(inputs);
   }
   nb::list result;
-  for (const Tensor& t : out) result.append(to_python(t, torch));
+  for (const Tensor& t : out) result.append(to_python(t, kind()));
   return result;
 }
 
@@ -230,11 +279,11 @@ Tensor array_to_tensor(nb::handle obj, const std::string& what) {
 }
 
 nb::object tensor_to_numpy_copy(const Tensor& t) {
-  return to_python(t.clone(), false);
+  return to_python(t.clone(), Results::kNumpy);
 }
 
 nb::object tensor_to_torch(const Tensor& t) {
-  return to_python(t, true);
+  return to_python(t, Results::kTorch);
 }
 
 void bind_engine(nb::module_& m) {
@@ -266,7 +315,13 @@ void bind_engine(nb::module_& m) {
           "run", [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds); },
           nb::arg("feeds"),
           "Runs the model on a dict {name: array} or a list in input order; returns the outputs "
-          "as numpy arrays, or as torch tensors when any input was one.");
+          "as numpy arrays, or as torch tensors when any input was one.")
+      .def(
+          "run_dlpack",
+          [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds, true); },
+          nb::arg("feeds"),
+          "run, for callers that convert themselves: inputs as arrays, tensors or DLPack "
+          "capsules (torch.utils.dlpack.to_dlpack), outputs as DLPack capsules.");
 
   nb::class_<Model>(m, "Model")
       .def(
