@@ -97,3 +97,46 @@ def test_external_data_round_trip(exported, tmp_path):
     (ours,) = ge.Session(out).run(f)
     (ref,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, f)
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_run_dlpack_capsules_keep_their_data_alive():
+    # GraphModule's path: torch tensors in as DLPack capsules, results out as capsules. An output
+    # that is an input's data (Reshape is a view) must stay valid after the caller dropped both
+    # the tensor and the capsule; an output capsule nobody consumes is freed by itself.
+    import gc
+
+    import torch
+    from onnx import TensorProto, helper
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["view"]),
+            helper.make_node("Relu", ["x"], ["relu"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("view", TensorProto.FLOAT, [6]),
+            helper.make_tensor_value_info("relu", TensorProto.FLOAT, [2, 3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    session = ge.Session(ge.Model.from_bytes(model.SerializeToString()))
+    x = torch.arange(-3.0, 3.0).reshape(2, 3)
+    expected = x.clone()
+    capsules = session.run_dlpack([to_dlpack(x * 1), to_dlpack(torch.tensor([6]))])
+    del x
+    gc.collect()
+    torch.randn(1000, 1000)  # reuse freed memory, if any was freed too early
+    view, relu = from_dlpack(capsules[0]), from_dlpack(capsules[1])
+    del capsules
+    gc.collect()
+    torch.testing.assert_close(view, expected.reshape(6))
+    torch.testing.assert_close(relu, expected.clamp(min=0))
+    unused = session.run_dlpack([to_dlpack(expected), to_dlpack(torch.tensor([6]))])
+    assert all(type(c).__name__ == "PyCapsule" for c in unused)
+    del unused  # never consumed: the capsules free the results themselves
