@@ -181,8 +181,9 @@ void* workspace(size_t k, size_t bytes) {
   Buffer& b = buffers.at(k);
   if (b.bytes < bytes) {
     std::free(b.data);
-    b.bytes = (bytes + 63) / 64 * 64;
-    b.data = std::aligned_alloc(64, b.bytes);
+    size_t rounded = (bytes + 63) / 64 * 64;
+    b.data = std::aligned_alloc(64, rounded);
+    b.bytes = b.data ? rounded : 0;
     if (!b.data) throw std::bad_alloc();
   }
   return b.data;
