@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 
-from machine import describe, median_ms, write_results  # noqa: E402
+from machine import describe, median_ms, run_worker, write_results  # noqa: E402
 
 RUNNERS = ["graphtrain oneDNN", "graphtrain im2col", "torch"]
 
@@ -177,22 +176,7 @@ def main() -> None:
                 GRAPHTRAIN_NUM_THREADS=str(threads),
                 GRAPHTRAIN_CONV_ALGORITHM="IM2COL" if runner.endswith("im2col") else "AUTO",
             )
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    runner,
-                    str(threads),
-                    "--iters",
-                    str(args.iters),
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            rows = json.loads(out.stdout.strip().splitlines()[-1])
+            rows = run_worker(__file__, [runner, str(threads), "--iters", str(args.iters)], env)
             results[(runner, threads)] = rows
             total = sum(r["forward"] + r["backward"] for r in rows)
             print(f"{runner:18s} {threads} thread(s): {total:6.2f} ms, all layers", flush=True)

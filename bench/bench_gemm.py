@@ -20,7 +20,6 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from machine import describe  # noqa: E402
+from machine import describe, run_worker  # noqa: E402
 
 TOKENS, WIDTH, HEADS, SEQ, BATCH, VOCAB = 1024, 128, 4, 64, 16, 1000
 HEAD = WIDTH // HEADS
@@ -176,14 +175,7 @@ def main() -> None:
         for threads in (1, 2):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
             env["MKL_THREADING_LAYER"] = "SEQUENTIAL" if threads == 1 else "GNU"
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", library, path, str(threads)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            rows = json.loads(out.stdout.strip().splitlines()[-1])
+            rows = run_worker(__file__, [library, path, str(threads)], env)
             results[(library, threads)] = rows
             total = sum(r["ms_per_step"] for r in rows)
             print(

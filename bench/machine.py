@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +29,18 @@ def median_ms(run: Callable[[int], object], iters: int) -> float:
         times.append(time.perf_counter() - t0)
     times.sort()
     return 1e3 * times[len(times) // 2]
+
+
+def run_worker(script: str, args: list[str], env: dict[str, str]) -> object:
+    """Runs `script --worker ARGS` in a fresh process and returns the JSON of its last line."""
+    out = subprocess.run(
+        [sys.executable, script, "--worker", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def describe() -> str:

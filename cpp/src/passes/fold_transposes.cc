@@ -72,6 +72,19 @@ bool has_perm(const Node& t) {
   return t.has_attr("perm");
 }
 
+// A FusedMatMul of (a, b) with `mm`'s attributes and scope, made in Transpose `t`'s place: it
+// writes t's output value (which keeps its name, its readers and its place among the graph's
+// outputs); t and mm go. The caller adjusts the attributes.
+Node* matmul_in_place_of(Graph& g, Node* mm, Node* t, Value* a, Value* b) {
+  Node* fused = g.add_node("FusedMatMul", {a, b}, {}, kGraphtrainDomain, mm->name);
+  fused->attributes = mm->attributes;
+  fused->scope = mm->scope;
+  g.move_output(t->output(0), fused, 0);
+  g.remove_node(t);
+  g.remove_node(mm);
+  return fused;
+}
+
 }  // namespace
 
 size_t fold_transposes(Graph& graph) {
@@ -90,19 +103,14 @@ size_t fold_transposes(Graph& graph) {
     Node* mm = m.node("mm");
     Node* t = m.node("t");
     if (!rank_at_least(mm->input(0), 2) || !rank_at_least(mm->input(1), 2)) return false;
-    Node* fused =
-        g.add_node("FusedMatMul", {mm->input(1), mm->input(0)}, {}, kGraphtrainDomain, mm->name);
-    fused->attributes = mm->attributes;
-    fused->attributes["transA"] = Attribute::of(int64_t{1 - mm->attr_int("transB", 0)});
-    fused->attributes["transB"] = Attribute::of(int64_t{1 - mm->attr_int("transA", 0)});
-    fused->attributes.erase("permA");
-    fused->attributes.erase("permB");
-    if (mm->has_attr("permB")) fused->attributes["permA"] = mm->attributes.at("permB");
-    if (mm->has_attr("permA")) fused->attributes["permB"] = mm->attributes.at("permA");
-    fused->scope = mm->scope;
-    g.move_output(t->output(0), fused, 0);
-    g.remove_node(t);
-    g.remove_node(mm);
+    int64_t ta = mm->attr_int("transA", 0), tb = mm->attr_int("transB", 0);
+    Node* fused = matmul_in_place_of(g, mm, t, mm->input(1), mm->input(0));
+    auto& attrs = fused->attributes;  // mm's: exchange the operands' flags and perms
+    attrs["transA"] = Attribute::of(int64_t{1 - tb});
+    attrs["transB"] = Attribute::of(int64_t{1 - ta});
+    auto perm_a = attrs.extract("permA"), perm_b = attrs.extract("permB");
+    if (perm_b) attrs["permA"] = perm_b.mapped();
+    if (perm_a) attrs["permB"] = perm_a.mapped();
     return true;
   });
   // Two Transposes in a row are one (the forward's k split into heads, then transposed).
@@ -167,22 +175,16 @@ size_t fold_transposes(Graph& graph) {
       return true;
     });
   }
-  // The product transposed: a FusedMatMul made in the Transpose's place writes the Transpose's
-  // output value (which keeps its name, its readers and its place among the graph's outputs).
+  // The product transposed, keeping its last dim last: permY.
   Pattern product = Pattern::op({"MatMul", "graphtrain::FusedMatMul"}, {}, "mm").where(no_perm_y);
   Pattern transposed = Pattern::op({"Transpose"}, {product}, "t").where(keeps_last);
   folded += rewrite_matches(graph, transposed, [](Graph& g, const Match& m) {
     Node* mm = m.node("mm");
     Node* t = m.node("t");
     if (!rank_at_least(mm->input(0), 2) || !rank_at_least(mm->input(1), 2)) return false;
-    Node* fused =
-        g.add_node("FusedMatMul", {mm->input(0), mm->input(1)}, {}, kGraphtrainDomain, mm->name);
-    fused->attributes = mm->attributes;
-    fused->attributes["permY"] = Attribute::of(t->attr_ints("perm"));
-    fused->scope = mm->scope;
-    g.move_output(t->output(0), fused, 0);
-    g.remove_node(t);
-    g.remove_node(mm);
+    std::vector<int64_t> perm = t->attr_ints("perm");
+    Node* fused = matmul_in_place_of(g, mm, t, mm->input(0), mm->input(1));
+    fused->attributes["permY"] = Attribute::of(perm);
     return true;
   });
   return folded;
