@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -46,7 +49,9 @@ TEST(VecDispatch, WideLoopsMatchTheScalarFormulas) {
         float want = c.scalar(a[i], b[i]);
         if (std::isnan(want) || std::isinf(want)) {
           EXPECT_EQ(std::isnan(y[i]), std::isnan(want)) << static_cast<int>(c.op) << " at " << i;
-          if (std::isinf(want)) EXPECT_EQ(y[i], want) << static_cast<int>(c.op) << " at " << i;
+          if (std::isinf(want)) {
+            EXPECT_EQ(y[i], want) << static_cast<int>(c.op) << " at " << i;
+          }
           continue;
         }
         EXPECT_NEAR(y[i], want, 2e-6f * std::max(1.0f, std::fabs(want)))
@@ -63,6 +68,31 @@ TEST(VecDispatch, WideLoopsMatchTheScalarFormulas) {
     EXPECT_NEAR(y[i], 0.5f * e, 2e-6f * std::max(1.0f, e));
   }
   EXPECT_NEAR(sum, want, 1e-5 * want);
+}
+
+// exp against the C library over the float range, 1 ulp or better; results that would fall
+// below FLT_MIN are 0 (the clamped lanes compute a normal float, never a subnormal one) and
+// those past the overflow threshold infinity.
+TEST(VecMath, ExpWithinOneUlp) {
+  auto ulps = [](float a, float b) {
+    int32_t ia, ib;
+    std::memcpy(&ia, &a, 4);
+    std::memcpy(&ib, &b, 4);
+    return std::abs(ia - ib);
+  };
+  int worst = 0;
+  for (float x = -87.33f; x < 88.37f; x += 0.0037f + std::fabs(x) * 1e-4f) {
+    float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    vec::f8 v = vec::exp(vec::splat(x));
+    worst = std::max({worst, ulps(vec::exp(x), want), ulps(v[3], want)});
+  }
+  EXPECT_LE(worst, 1);
+  for (float x : {-87.34f, -88.0f, -200.0f, -std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(vec::exp(x), 0.0f) << x;
+    EXPECT_EQ(vec::exp(vec::splat(x))[0], 0.0f) << x;
+  }
+  EXPECT_EQ(vec::exp(88.4f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(vec::exp(std::numeric_limits<float>::quiet_NaN())));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/random.h"
+#include "kernels/cpu/vec_dispatch.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
@@ -65,6 +66,11 @@ struct Geometry {
           const bool* mp = static_cast<const bool*>(mask) + base;
           for (int64_t c = 0; c < nk; ++c)
             if (!mp[c * m_k]) row[c] = kNegInf;
+        } else if (m_k == 1) {  // a row of the mask: added 8 lanes at a time
+          const float* mp = static_cast<const float*>(mask) + base;
+          int64_t c = 0;
+          for (; c + 8 <= nk; c += 8) vec::store(row + c, vec::load(row + c) + vec::load(mp + c));
+          for (; c < nk; ++c) row[c] += mp[c];
         } else {
           const float* mp = static_cast<const float*>(mask) + base;
           for (int64_t c = 0; c < nk; ++c) row[c] += mp[c * m_k];
@@ -187,41 +193,40 @@ class AttentionKernel : public OpKernel {
         const float* vp = g.v(pv, b, hk);
         std::fill(m.begin(), m.end(), kNegInf);
         std::fill(l.begin(), l.end(), 0.0f);
-        std::fill(acc.begin(), acc.end(), 0.0f);
         int64_t kend = g.key_end(q0 + nq);
+        if (kend == 0) std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
           int64_t nk = std::min(kBlockK, kend - k0);
+          bool first = k0 == 0;  // acc holds nothing yet: the P V product is written, not added
           g.scores(qp, kp, b, h, q0, nq, k0, nk, s.data());
           for (int64_t r = 0; r < nq; ++r) {
             float* row = s.data() + r * nk;
-            float mx = m[r];
-            for (int64_t c = 0; c < nk; ++c) mx = std::max(mx, row[c]);
+            float mx = std::max(m[r], vec::max(row, nk));
             if (mx == kNegInf) {  // nothing visible yet in this row
               std::fill(row, row + nk, 0.0f);
               continue;
             }
-            float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
-            vec::map(row, row, nk, [mx](auto x) { return vec::exp(x - mx); });
-            float sum = 0;
-            for (int64_t c = 0; c < nk; ++c) sum += row[c];
-            l[r] = l[r] * alpha + sum;
+            l[r] = l[r] * (m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx)) +
+                   vec_exp_sum(row, row, nk, mx);
+            if (!first && m[r] != mx) {
+              float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
+              vec::map(acc.data() + r * g.ev, acc.data() + r * g.ev, g.ev,
+                       [alpha](auto x) { return x * alpha; });
+            }
             m[r] = mx;
-            float* a = acc.data() + r * g.ev;
-            for (int64_t c = 0; c < g.ev; ++c) a[c] *= alpha;
             if (g.dropout > 0)
               for (int64_t c = 0; c < nk; ++c)
                 row[c] = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout)
                              ? row[c] * drop_scale
                              : 0.0f;
           }
-          sgemm_serial(false, false, nq, g.ev, nk, 1.0f, s.data(), nk, vp + k0 * g.ev, g.ev, 1.0f,
-                       acc.data(), g.ev);
+          sgemm_serial(false, false, nq, g.ev, nk, 1.0f, s.data(), nk, vp + k0 * g.ev, g.ev,
+                       first ? 0.0f : 1.0f, acc.data(), g.ev);
         }
         for (int64_t r = 0; r < nq; ++r) {
           int64_t row = (b * g.hq + h) * g.lq + q0 + r;
-          float* out = py + row * g.ev;
           float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-          for (int64_t c = 0; c < g.ev; ++c) out[c] = acc[static_cast<size_t>(r * g.ev + c)] * inv;
+          vec::map(acc.data() + r * g.ev, py + row * g.ev, g.ev, [inv](auto x) { return x * inv; });
           pl[row] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
         }
       }
@@ -249,9 +254,6 @@ void attention_grad(KernelContext& ctx) {
   Tensor& dq = ctx.allocate_output(0, F32, q.shape());
   Tensor& dk = ctx.allocate_output(1, F32, k.shape());
   Tensor& dv = ctx.allocate_output(2, F32, v.shape());
-  std::memset(dq.raw_data(), 0, dq.nbytes());
-  std::memset(dk.raw_data(), 0, dk.nbytes());
-  std::memset(dv.raw_data(), 0, dv.nbytes());
   // dMask (only when a float mask wants a gradient): the score gradients, [..., Hq, Lq, Lk].
   float* pdm = nullptr;
   if (ctx.output_requested(3)) {
@@ -265,80 +267,81 @@ void attention_grad(KernelContext& ctx) {
   const float *pdy = dy.data<float>(), *py = y.data<float>(), *pl = lse.data<float>();
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
   float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
-  parallel_for(ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4,
-               [&](int64_t t0, int64_t t1) {
-                 std::vector<float> p(static_cast<size_t>(kBlockQ * kBlockK));
-                 std::vector<float> dp(p.size()), d(kBlockQ);
-                 for (int64_t t = t0; t < t1; ++t) {
-                   int64_t b = t / g.hk, hk = t % g.hk;
-                   const float* kp = g.k(pk, b, hk);
-                   const float* vp = g.v(pv, b, hk);
-                   float* dkp = pdk + (b * g.hk + hk) * g.lk * g.e;
-                   float* dvp = pdv + (b * g.hk + hk) * g.lk * g.ev;
-                   for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
-                     const float* qp = g.q(pq, b, h);
-                     int64_t rows = (b * g.hq + h) * g.lq;
-                     const float* dyp = pdy + rows * g.ev;
-                     const float* yp = py + rows * g.ev;
-                     const float* lp = pl + rows;
-                     float* dqp = pdq + rows * g.e;
-                     for (int64_t q0 = 0; q0 < g.lq; q0 += kBlockQ) {
-                       int64_t nq = std::min(kBlockQ, g.lq - q0);
-                       for (int64_t r = 0; r < nq; ++r) {  // D = rowsum(dY * Y)
-                         float acc = 0;
-                         for (int64_t c = 0; c < g.ev; ++c)
-                           acc += dyp[(q0 + r) * g.ev + c] * yp[(q0 + r) * g.ev + c];
-                         d[static_cast<size_t>(r)] = acc;
-                       }
-                       int64_t kend = g.key_end(q0 + nq);
-                       for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
-                         int64_t nk = std::min(kBlockK, kend - k0);
-                         g.scores(qp, kp, b, h, q0, nq, k0, nk, p.data());
-                         for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
-                           float shift = lp[q0 + r];
-                           float* row = p.data() + r * nk;
-                           if (shift == kNegInf) {
-                             std::fill(row, row + nk, 0.0f);
-                             continue;
-                           }
-                           vec::map(row, row, nk, [shift](auto x) { return vec::exp(x - shift); });
-                         }
-                         // dP = dY V^T
-                         sgemm_serial(false, true, nq, nk, g.ev, 1.0f, dyp + q0 * g.ev, g.ev,
-                                      vp + k0 * g.ev, g.ev, 0.0f, dp.data(), nk);
-                         if (g.dropout > 0) {
-                           // dV takes the dropped probabilities; dP reaches P through the same
-                           // mask.
-                           std::vector<float> pd(p.begin(), p.begin() + nq * nk);
-                           for (int64_t r = 0; r < nq; ++r)
-                             for (int64_t c = 0; c < nk; ++c) {
-                               bool kept = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout);
-                               pd[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
-                               dp[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
-                             }
-                           sgemm_serial(true, false, nk, g.ev, nq, 1.0f, pd.data(), nk,
-                                        dyp + q0 * g.ev, g.ev, 1.0f, dvp + k0 * g.ev, g.ev);
-                         } else {
-                           sgemm_serial(true, false, nk, g.ev, nq, 1.0f, p.data(), nk,
-                                        dyp + q0 * g.ev, g.ev, 1.0f, dvp + k0 * g.ev, g.ev);
-                         }
-                         for (int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - D), into dp
-                           float* ds = dp.data() + r * nk;
-                           const float* pr = p.data() + r * nk;
-                           float dr = d[static_cast<size_t>(r)];
-                           for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
-                           if (pdm)
-                             std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
-                         }
-                         sgemm_serial(false, false, nq, g.e, nk, g.scale, dp.data(), nk,
-                                      kp + k0 * g.e, g.e, 1.0f, dqp + q0 * g.e, g.e);
-                         sgemm_serial(true, false, nk, g.e, nq, g.scale, dp.data(), nk,
-                                      qp + q0 * g.e, g.e, 1.0f, dkp + k0 * g.e, g.e);
-                       }
-                     }
-                   }
-                 }
-               });
+  parallel_for(
+      ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4, [&](int64_t t0, int64_t t1) {
+        std::vector<float> p(static_cast<size_t>(kBlockQ * kBlockK));
+        std::vector<float> dp(p.size()), d(kBlockQ);
+        for (int64_t t = t0; t < t1; ++t) {
+          int64_t b = t / g.hk, hk = t % g.hk;
+          const float* kp = g.k(pk, b, hk);
+          const float* vp = g.v(pv, b, hk);
+          float* dkp = pdk + (b * g.hk + hk) * g.lk * g.e;
+          float* dvp = pdv + (b * g.hk + hk) * g.lk * g.ev;
+          // This task's slices of the gradients, zeroed here (in parallel) to be summed
+          // into.
+          std::fill_n(dkp, g.lk * g.e, 0.0f);
+          std::fill_n(dvp, g.lk * g.ev, 0.0f);
+          std::fill_n(pdq + (b * g.hq + hk * g.group()) * g.lq * g.e, g.group() * g.lq * g.e, 0.0f);
+          for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
+            const float* qp = g.q(pq, b, h);
+            int64_t rows = (b * g.hq + h) * g.lq;
+            const float* dyp = pdy + rows * g.ev;
+            const float* yp = py + rows * g.ev;
+            const float* lp = pl + rows;
+            float* dqp = pdq + rows * g.e;
+            for (int64_t q0 = 0; q0 < g.lq; q0 += kBlockQ) {
+              int64_t nq = std::min(kBlockQ, g.lq - q0);
+              for (int64_t r = 0; r < nq; ++r)  // D = rowsum(dY * Y)
+                d[static_cast<size_t>(r)] =
+                    vec::dot_centered(dyp + (q0 + r) * g.ev, yp + (q0 + r) * g.ev, g.ev, 0);
+              int64_t kend = g.key_end(q0 + nq);
+              for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
+                int64_t nk = std::min(kBlockK, kend - k0);
+                g.scores(qp, kp, b, h, q0, nq, k0, nk, p.data());
+                for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
+                  float shift = lp[q0 + r];
+                  float* row = p.data() + r * nk;
+                  if (shift == kNegInf) {
+                    std::fill(row, row + nk, 0.0f);
+                    continue;
+                  }
+                  vec::map(row, row, nk, [shift](auto x) { return vec::exp(x - shift); });
+                }
+                // dP = dY V^T
+                sgemm_serial(false, true, nq, nk, g.ev, 1.0f, dyp + q0 * g.ev, g.ev, vp + k0 * g.ev,
+                             g.ev, 0.0f, dp.data(), nk);
+                if (g.dropout > 0) {
+                  // dV takes the dropped probabilities; dP reaches P through the same
+                  // mask.
+                  std::vector<float> pd(p.begin(), p.begin() + nq * nk);
+                  for (int64_t r = 0; r < nq; ++r)
+                    for (int64_t c = 0; c < nk; ++c) {
+                      bool kept = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout);
+                      pd[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
+                      dp[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
+                    }
+                  sgemm_serial(true, false, nk, g.ev, nq, 1.0f, pd.data(), nk, dyp + q0 * g.ev,
+                               g.ev, 1.0f, dvp + k0 * g.ev, g.ev);
+                } else {
+                  sgemm_serial(true, false, nk, g.ev, nq, 1.0f, p.data(), nk, dyp + q0 * g.ev, g.ev,
+                               1.0f, dvp + k0 * g.ev, g.ev);
+                }
+                for (int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - D), into dp
+                  float* ds = dp.data() + r * nk;
+                  const float* pr = p.data() + r * nk;
+                  float dr = d[static_cast<size_t>(r)];
+                  for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
+                  if (pdm) std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
+                }
+                sgemm_serial(false, false, nq, g.e, nk, g.scale, dp.data(), nk, kp + k0 * g.e, g.e,
+                             1.0f, dqp + q0 * g.e, g.e);
+                sgemm_serial(true, false, nk, g.e, nq, g.scale, dp.data(), nk, qp + q0 * g.e, g.e,
+                             1.0f, dkp + k0 * g.e, g.e);
+              }
+            }
+          }
+        }
+      });
 }
 
 const bool registered = [] {

@@ -67,13 +67,16 @@ inline f8 splat(float x) {
 template <typename F, typename I>
 inline F exp_impl(F x) {
   const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  F hi = x > 88.3762626647949f ? F{} + 1.0f : F{} + 0.0f;
-  F lo = x < -87.3365447504f ? F{} + 1.0f : F{} + 0.0f;
-  F xc = x > 88.3762626647949f ? F{} + 88.3762626647949f : x;
-  xc = xc < -87.3365447504f ? F{} + -87.3365447504f : xc;
+  // Below x_min the result is 0 (e^x_min is just above FLT_MIN): clamped lanes then compute a
+  // normal float, never a subnormal one, which costs a microcode assist per element.
+  const float x_max = 88.3762626647949f, x_min = -87.3365f;
+  F xc = x > x_max ? F{} + x_max : x;
+  xc = xc < x_min ? F{} + x_min : xc;
   F fn = xc * log2e;
-  // Round to nearest: add and subtract 1.5 * 2^23.
+  // Round to nearest (add and subtract 1.5 * 2^23), at most 127 so that 2^n below is a normal
+  // float (the remainder r then reaches ln2 / 2 + 1e-6 at x_max, within the polynomial's range).
   fn = (fn + 12582912.0f) - 12582912.0f;
+  fn = fn > 127.0f ? F{} + 127.0f : fn;
   F r = xc - fn * ln2_hi - fn * ln2_lo;
   F r2 = r * r;
   F p = F{} + (1.9875691500E-4f);
@@ -83,21 +86,18 @@ inline F exp_impl(F x) {
   p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   p = p * r2 + r + 1.0f;
-  // Scale by 2^n in two halves so n = -127..128 never builds an invalid exponent.
+  // 2^n for n = -126..127, built in the exponent bits.
   I n;
   if constexpr (sizeof(F) == sizeof(float))
     n = static_cast<I>(fn);
   else
     n = __builtin_convertvector(fn, I);
-  I n1 = n >> 1, n2 = n - n1;
-  I b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  F s1, s2;
-  std::memcpy(&s1, &b1, sizeof(F));
-  std::memcpy(&s2, &b2, sizeof(F));
-  F y = p * s1 * s2;
-  const float inf = __builtin_inff();
-  y = hi != 0.0f ? F{} + inf : y;
-  y = lo != 0.0f ? F{} + 0.0f : y;
+  I bits = (n + 127) << 23;
+  F scale;
+  std::memcpy(&scale, &bits, sizeof(F));
+  F y = p * scale;
+  y = x > x_max ? F{} + __builtin_inff() : y;
+  y = x < x_min ? F{} : y;
   y = x != x ? x : y;  // nan stays nan
   return y;
 }
