@@ -75,9 +75,13 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"identities", "constant_folding", "dead_code",
-                                             "fold_transposes", "fuse_softmax", "fuse_layer_norm",
-                                             "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "identities", "constant_folding",
+                                             "dead_code", "fold_transposes", "fuse_softmax",
+                                             "fuse_layer_norm", "fuse_elementwise"}));
+  Graph captured = chain();
+  auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -107,6 +111,82 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   EXPECT_EQ(off.nodes().size(), chain().nodes().size());
 }
 
+// GELU as models spell it out: transformers' NewGELUActivation (x^3 as Pow), FastGELU (x * x,
+// another grouping), and the erf form; the last argument changes one constant or lets another
+// node read an inner value, so it is not GELU / not removable.
+enum class GeluSpelling { kNew, kFast, kErf };
+Graph spelled_gelu(GeluSpelling spelling, float cubic = 0.044715f, bool leak = false) {
+  Graph g;
+  g.name = "gelu";
+  g.opset_imports[""] = 20;
+  Value* in = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3)}});
+  Value* bias = g.add_initializer(
+      "bias", Tensor::from_vector<float>(DType::kFloat32, {3}, {0.1f, -0.2f, 0.3f}));
+  Value* x = g.add_op("Add", {in, bias});  // a Linear's bias: x is its output, not the input
+  auto c = [&](float v) {
+    return g.add_initializer(g.unique_name("c"),
+                             Tensor::from_vector<float>(DType::kFloat32, {}, {v}));
+  };
+  Value* y = nullptr;
+  Value* inner = nullptr;
+  if (spelling == GeluSpelling::kNew) {
+    Value* half = g.add_op("Mul", {c(0.5f), x});
+    Value* cube = g.add_op("Pow", {x, c(3.0f)});
+    inner = g.add_op("Add", {x, g.add_op("Mul", {c(cubic), cube})});
+    Value* t = g.add_op("Tanh", {g.add_op("Mul", {c(0.7978845608f), inner})});
+    y = g.add_op("Mul", {half, g.add_op("Add", {c(1.0f), t})});
+  } else if (spelling == GeluSpelling::kFast) {
+    inner = g.add_op("Add", {c(1.0f), g.add_op("Mul", {g.add_op("Mul", {c(cubic), x}), x})});
+    Value* t = g.add_op("Tanh", {g.add_op("Mul", {g.add_op("Mul", {x, c(0.7978845608f)}), inner})});
+    y = g.add_op("Mul", {g.add_op("Mul", {c(0.5f), x}), g.add_op("Add", {t, c(1.0f)})});
+  } else {
+    inner = g.add_op("Div", {x, c(1.41421356f)});
+    Value* e = g.add_op("Erf", {inner});
+    y = g.add_op("Mul", {g.add_op("Mul", {x, c(0.5f)}), g.add_op("Add", {e, c(1.0f)})});
+  }
+  Node* out = g.add_node("Identity", {y}, {"y"});
+  g.add_output(out->output(0));
+  if (leak) g.add_output(inner);
+  return g;
+}
+
+std::vector<float> run_gelu(Graph g) {
+  Session s(std::move(g));
+  Tensor x =
+      Tensor::from_vector<float>(DType::kFloat32, {2, 3}, {-3.0f, -0.7f, -0.05f, 0.2f, 1.1f, 4.0f});
+  Tensor y = s.run(std::vector<Tensor>{x})[0];
+  return std::vector<float>(y.data<float>(), y.data<float>() + y.numel());
+}
+
+TEST_F(PassesTest, RecognizeGeluBecomesOneGeluWhateverTheSpelling) {
+  for (GeluSpelling sp : {GeluSpelling::kNew, GeluSpelling::kFast, GeluSpelling::kErf}) {
+    Graph g = spelled_gelu(sp);
+    std::vector<float> before = run_gelu(clone_graph(g));
+    ASSERT_EQ(recognize_gelu(g), 1u) << static_cast<int>(sp);
+    ASSERT_EQ(count(g, "Gelu"), 1u);
+    EXPECT_EQ(count(g, "Tanh") + count(g, "Erf") + count(g, "Mul"), 0u);
+    EXPECT_EQ(count(g, "Add"), 1u);  // the bias add stays: Gelu reads its output
+    for (Node* n : g.nodes())
+      if (n->op_type == "Gelu") {
+        EXPECT_EQ(n->attr_string("approximate", "none"),
+                  sp == GeluSpelling::kErf ? "none" : "tanh");
+        EXPECT_EQ(n->input(0)->producer()->op_type, "Add");
+      }
+    std::vector<float> after = run_gelu(std::move(g));
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], before[i], 2e-6f) << i;
+  }
+}
+
+TEST_F(PassesTest, RecognizeGeluLeavesOtherFunctionsAndSharedValues) {
+  Graph other = spelled_gelu(GeluSpelling::kNew, 0.05f);  // a different cubic coefficient
+  EXPECT_EQ(recognize_gelu(other), 0u);
+  EXPECT_EQ(count(other, "Gelu"), 0u);
+  Graph shared = spelled_gelu(GeluSpelling::kFast, 0.044715f, true);  // an inner value is an output
+  EXPECT_EQ(recognize_gelu(shared), 0u);
+  EXPECT_EQ(count(shared, "Tanh"), 1u);
+}
+
 TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   Options::global().set("disable_passes", "identities,fuse_everything");
   Graph g = chain();
@@ -116,8 +196,9 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: identities, constant_folding, dead_code, fold_transposes, "
-                       "fuse_softmax, fuse_layer_norm, fuse_elementwise, memory_plan"),
+    EXPECT_NE(msg.find("the passes are: recognize_gelu, identities, constant_folding, dead_code, "
+                       "fold_transposes, fuse_softmax, fuse_layer_norm, fuse_elementwise, "
+                       "memory_plan"),
               std::string::npos);
   }
 }

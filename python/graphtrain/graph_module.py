@@ -62,6 +62,7 @@ class _Runner:
         custom_function.prepare(captured.model)  # PythonOps: their Functions and shape inferers
         _gather.count_uses(captured.model)
         model = Model.from_bytes(captured.model.SerializeToString())
+        model.optimize(f"{label} captured", before_autodiff=True)  # recognize_gelu
         names = [i.name for i in captured.inputs]
         self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
         self.wrt_index = [k for k, w in enumerate(wants) if w]

@@ -8,6 +8,7 @@ import logging
 import re
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -204,3 +205,27 @@ def test_forced_batch_norm_fallback_trains_and_updates_running_stats(monkeypatch
         torch.testing.assert_close(
             a, b, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
         )
+
+
+def test_gpt2_gelu_runs_as_one_op(tmp_path):
+    """transformers' NewGELUActivation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in
+    elementary ops, becomes one Gelu before autodiff (recognize_gelu): no Tanh in the graphs, one
+    GeluGrad per layer backward, and the gradients still match eager (test above)."""
+    gm = GraphModule(
+        build("gpt2"),
+        graphtrain.DebugOptions(save_onnx=True, onnx_prefix="g", save_path=str(tmp_path)),
+    )
+    gm(**inputs("gpt2", 2, seed=0)).loss.backward()
+    layers = build("gpt2").config.n_layer
+
+    def ops(kind: str) -> list[str]:
+        graph = onnx.load(tmp_path / f"g_train_training_{kind}.onnx").graph
+        names = [n.op_type for n in graph.node]
+        for n in graph.node:  # the ops inside fused elementwise programs
+            names += [s.decode() for a in n.attribute if a.name == "ops" for s in a.strings]
+        return names
+
+    forward, backward = ops("forward"), ops("backward")
+    assert "Tanh" not in forward and "TanhGrad" not in backward
+    assert forward.count("Gelu") + forward.count("GeluTanh") == layers
+    assert backward.count("GeluGrad") + backward.count("GeluTanhGrad") == layers

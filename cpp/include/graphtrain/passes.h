@@ -16,6 +16,9 @@ struct Pass {
   std::string name;             // as GRAPHTRAIN_DISABLE_PASSES names it
   std::string doc;              // one line
   size_t (*run)(Graph& graph);  // returns the number of rewrites
+  // Runs on the captured graph before autodiff (a rewrite into an op that has a gradient rule,
+  // so the gradient graph is built from it), not on the graphs autodiff makes.
+  bool before_autodiff = false;
 };
 
 // The pipeline, in the order the passes run.
@@ -32,9 +35,15 @@ bool pass_enabled(const std::string& name);
 // Runs the enabled passes of the pipeline on `graph`, each logging one DEVINFO line
 // ("<label>: <pass>: N rewrites"); returns (pass, rewrites) for the passes that ran. Throws
 // OptionError when GRAPHTRAIN_DISABLE_PASSES names a pass that does not exist.
-std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label);
+// With `before_autodiff`, the passes that run on the captured graph before autodiff instead.
+std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label,
+                                                           bool before_autodiff = false);
 
 // ---- passes and graph utilities (each in its own file in cpp/src/passes/) ----------------------
+
+// GELU written out in elementwise ops (0.5 x (1 + tanh(...)) and its variants, or with erf),
+// recognized by its values at sample points, becomes one Gelu; returns how many. Before autodiff.
+size_t recognize_gelu(Graph& graph);
 
 // Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act
 // outside the graph, stay); returns how many.

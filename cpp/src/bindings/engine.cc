@@ -381,10 +381,14 @@ void bind_engine(nb::module_& m) {
           "gradients named in info['grads'] ('' where an input gets none).")
       .def(
           "optimize",
-          [](Model& self, const std::string& label) { return optimize_graph(self.graph, label); },
-          nb::arg("label") = "graph",
+          [](Model& self, const std::string& label, bool before_autodiff) {
+            return optimize_graph(self.graph, label, before_autodiff);
+          },
+          nb::arg("label") = "graph", nb::arg("before_autodiff") = false,
           "Runs the graph passes in place (GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER, "
-          "GRAPHTRAIN_DISABLE_PASSES); returns [(pass, rewrites)] for the passes that ran.")
+          "GRAPHTRAIN_DISABLE_PASSES); with before_autodiff, those that run on a captured graph "
+          "before its gradient graphs are built. Returns [(pass, rewrites)] for the passes that "
+          "ran.")
       .def("to_bytes", [](const Model& self) {
         std::string s = serialize_onnx(self.graph);
         return nb::bytes(s.data(), s.size());

@@ -96,10 +96,11 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "Keep torch.autograd.Function calls opaque as PythonOp nodes; 0 traces through them "
            "(PythonOp)."),
       spec("enable_compute_optimizer", T::kBool, "1", "GRAPHTRAIN_ENABLE_COMPUTE_OPTIMIZER",
-           "Run the graph passes (cpp/src/passes/) on the forward and backward graphs; 0 runs "
-           "none, for an exact-parity run (passes)."),
+           "Run the graph passes (cpp/src/passes/) on the captured graph and on the forward and "
+           "backward graphs; 0 runs none, for an exact-parity run (passes)."),
       spec("disable_passes", T::kString, "", "GRAPHTRAIN_DISABLE_PASSES",
-           "Comma-separated passes not to run: identities, constant_folding, dead_code, "
+           "Comma-separated passes not to run: recognize_gelu, identities, constant_folding, "
+           "dead_code, "
            "fold_transposes, fuse_softmax, fuse_layer_norm, fuse_elementwise, memory_plan "
            "(passes)."),
       spec("save_onnx_path", T::kPath, "", "GRAPHTRAIN_SAVE_ONNX_PATH",

@@ -16,6 +16,7 @@
 #include "graphtrain/ops.h"
 #include "graphtrain/passes.h"
 #include "graphtrain/strings.h"
+#include "passes/pattern.h"
 
 namespace graphtrain {
 namespace {
@@ -91,23 +92,6 @@ std::string program_op(const Node& n) {
   else if ((op == "Gelu" || op == "GeluGrad") && n.attr_string("approximate", "none") != "none")
     return "";
   return op;
-}
-
-// The deepest module containing every node ("a.b.c" and "a.b.d" -> "a.b").
-std::string common_scope(const std::vector<Node*>& nodes) {
-  std::string scope = nodes[0]->scope;
-  for (const Node* n : nodes) {
-    const std::string& s = n->scope;
-    size_t k = 0;
-    while (k < scope.size() && k < s.size() && scope[k] == s[k]) ++k;
-    bool whole = (k == scope.size() || scope[k] == '.') && (k == s.size() || s[k] == '.');
-    if (!whole) {
-      size_t dot = scope.rfind('.', k);
-      k = dot == std::string::npos ? 0 : dot;
-    }
-    scope.resize(k);
-  }
-  return scope;
 }
 
 struct Group {

@@ -98,4 +98,21 @@ bool fusable_without_cycle(const std::vector<Node*>& nodes) {
   return true;
 }
 
+// The deepest module containing every node ("a.b.c" and "a.b.d" -> "a.b").
+std::string common_scope(const std::vector<Node*>& nodes) {
+  std::string scope = nodes[0]->scope;
+  for (const Node* n : nodes) {
+    const std::string& s = n->scope;
+    size_t k = 0;
+    while (k < scope.size() && k < s.size() && scope[k] == s[k]) ++k;
+    bool whole = (k == scope.size() || scope[k] == '.') && (k == s.size() || s[k] == '.');
+    if (!whole) {
+      size_t dot = scope.rfind('.', k);
+      k = dot == std::string::npos ? 0 : dot;
+    }
+    scope.resize(k);
+  }
+  return scope;
+}
+
 }  // namespace graphtrain

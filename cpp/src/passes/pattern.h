@@ -61,4 +61,8 @@ size_t rewrite_matches(Graph& graph, const Pattern& pattern,
 // its module's input, can read a shared inner value).
 bool fusable_without_cycle(const std::vector<Node*>& nodes);
 
+// The deepest module scope containing every node ("a.b.c" and "a.b.d" -> "a.b"), for the node a
+// rewrite puts in their place.
+std::string common_scope(const std::vector<Node*>& nodes);
+
 }  // namespace graphtrain

@@ -13,6 +13,10 @@ namespace graphtrain {
 
 const std::vector<Pass>& pass_pipeline() {
   static const std::vector<Pass> pipeline = {
+      {"recognize_gelu",
+       "GELU written out in elementwise ops (transformers' NewGELU, FastGELU, x/2 (1 + erf)) "
+       "becomes one Gelu, before autodiff",
+       recognize_gelu, true},
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},
       {"constant_folding", "nodes of small constant inputs are computed once, at build time",
@@ -92,13 +96,14 @@ bool pass_enabled(const std::string& name) {
   return Options::global().get_bool("enable_compute_optimizer") && !disabled_passes().count(name);
 }
 
-std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label) {
+std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const std::string& label,
+                                                           bool before_autodiff) {
   std::vector<std::pair<std::string, size_t>> ran;
   if (!Options::global().get_bool("enable_compute_optimizer")) return ran;
   std::set<std::string> off = disabled_passes();
   std::string broken = Options::global().get_string("test_break_pass");
   for (const Pass& p : pass_pipeline()) {
-    if (off.count(p.name)) continue;
+    if (off.count(p.name) || p.before_autodiff != before_autodiff) continue;
     std::unordered_set<const Node*> before;
     if (p.name == broken)
       for (Node* n : graph.nodes()) before.insert(n);

@@ -113,6 +113,7 @@ TrainingSession::TrainingSession(Graph graph, TrainingConfig config)
     state_[name] = v->initializer.clone();
     g.promote_to_input(v);
   }
+  optimize_graph(g, "captured", true);  // the passes that run before autodiff
   // The eval graph: forward only, loss out.
   {
     Graph e = clone_graph(g);
