@@ -21,9 +21,10 @@ __all__ = ["AdamW", "SGD"]
 
 
 def _fusible(*tensors: torch.Tensor) -> bool:
-    return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
-    )
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return False
+    return True
 
 
 def _evaluate(closure: Callable[[], Any] | None) -> Any:
@@ -72,12 +73,10 @@ class AdamW(torch.optim.AdamW):
             amsgrad = group["amsgrad"]
             beta1, beta2 = (float(b) for b in group["betas"])
             lr, wd, eps = float(group["lr"]), float(group["weight_decay"]), float(group["eps"])
-            fused: list[tuple[torch.Tensor, ...]] = []
-            steps: list[float] = []
+            live: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]] = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = _grad(p, "AdamW")
                 state = self.state[p]
                 if len(state) == 0:  # as torch initializes it
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -87,14 +86,23 @@ class AdamW(torch.optim.AdamW):
                         state["max_exp_avg_sq"] = torch.zeros_like(
                             p, memory_format=torch.preserve_format
                         )
-                state["step"] += 1
+                live.append((p, _grad(p, "AdamW"), state))
+            if not live:
+                continue
+            # The step counts, all in two calls (a 0-d tensor op costs microseconds each).
+            counts = [state["step"] for _, _, state in live]
+            torch._foreach_add_(counts, 1.0)
+            step_values = torch.stack(counts).tolist()
+            fused: list[tuple[torch.Tensor, ...]] = []
+            steps: list[float] = []
+            for (p, grad, state), step in zip(live, step_values):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 vmax = state["max_exp_avg_sq"] if amsgrad else v
                 if _fusible(p, grad, m, v, vmax):
                     fused.append((p, grad, m, v, vmax))
-                    steps.append(state["step"].item())
+                    steps.append(step)
                 else:
-                    _torch_adamw(p, grad, m, v, vmax, state["step"].item(), group)
+                    _torch_adamw(p, grad, m, v, vmax, step, group)
             if fused:
                 ptrs = [[t.data_ptr() for t in column] for column in zip(*fused)]
                 _C.adamw_step(
