@@ -12,12 +12,22 @@ inline namespace GRAPHTRAIN_VEC_ISA {
 
 inline constexpr auto sigmoid = [](auto x) { return 1.0f / (1.0f + vec::exp(-x)); };
 inline constexpr auto relu = [](auto x) { return x > 0.0f ? x : decltype(x){}; };
+// GELU: x Phi(x). Phi = (1 + erf(x / sqrt 2)) / 2, its tail taken directly from erfc's
+// approximation (abs error 1.5e-7, so GELU's relative error stays near float rounding). The tanh
+// approximation as x sigmoid(2u): (1 + tanh u) / 2 = 1 / (1 + e^(-2u)), one exp and one division.
+template <typename F>
+inline F gelu_phi_erf(F x, F exp_neg_half_x2) {
+  F z = x * 0.70710678118654752f;
+  F q = vec::erfc_of_abs(z < 0.0f ? -z : z, exp_neg_half_x2);  // erfc(|z|)
+  return 0.5f * (x < 0.0f ? q : 2.0f - q);
+}
 inline constexpr auto gelu_erf = [](auto x) {
-  return 0.5f * x * (1.0f + vec::erf(x * 0.70710678118654752f));
+  return x * gelu_phi_erf(x, vec::exp(-0.5f * x * x));
 };
+inline constexpr float kGeluTanhK = 0.79788456080286536f, kGeluTanhC = 0.044715f;  // sqrt(2/pi)
 inline constexpr auto gelu_tanh = [](auto x) {
-  const float k = 0.79788456080286536f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + vec::tanh(k * (x + 0.044715f * x * x * x)));
+  auto u2 = (2.0f * kGeluTanhK) * (x + kGeluTanhC * x * x * x);
+  return x / (1.0f + vec::exp(-u2));
 };
 
 // Gradients: g is dY; y the forward output, x the forward input.
@@ -25,14 +35,14 @@ inline constexpr auto relu_grad = [](auto g, auto y) { return y > 0.0f ? g : dec
 inline constexpr auto sigmoid_grad = [](auto g, auto y) { return g * y * (1.0f - y); };
 inline constexpr auto tanh_grad = [](auto g, auto y) { return g * (1.0f - y * y); };
 inline constexpr auto gelu_erf_grad = [](auto g, auto x) {
-  auto e = vec::exp(-0.5f * x * x);  // serves the erf and the density
-  auto cdf = 0.5f * (1.0f + vec::erf_given_exp(x * 0.70710678118654752f, e));
-  return g * (cdf + x * e * 0.39894228040143268f);
+  auto e = vec::exp(-0.5f * x * x);  // serves Phi and the density
+  return g * (gelu_phi_erf(x, e) + x * e * 0.39894228040143268f);
 };
+// d/dx x s(2u) = s + 2 x s (1 - s) u', s the sigmoid.
 inline constexpr auto gelu_tanh_grad = [](auto g, auto x) {
-  const float k = 0.79788456080286536f, c = 0.044715f;
-  auto t = vec::tanh(k * (x + c * x * x * x));
-  return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x));
+  auto x2 = x * x;
+  auto s = 1.0f / (1.0f + vec::exp(-(2.0f * kGeluTanhK) * (x + kGeluTanhC * x2 * x)));
+  return g * (s + x * s * (1.0f - s) * (2.0f * kGeluTanhK) * (1.0f + 3.0f * kGeluTanhC * x2));
 };
 
 // x ** p for a constant exponent: the exponents models use are exact products or roots, as in
