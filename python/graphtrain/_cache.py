@@ -111,6 +111,7 @@ def save(path: str, captured: Captured, seconds: float) -> None:
             "out_spec": pytree.treespec_dumps(captured.out_spec),
             "out_leaves": leaves,
             "capture_seconds": seconds,
+            "static_shapes": captured.static_shapes,
         }
     )
     model = onnx.ModelProto()
@@ -187,6 +188,7 @@ def load(path: str) -> tuple[Captured, float] | None:
             buffer_updates=[tuple(x) for x in m["buffer_updates"]],
             out_spec=pytree.treespec_loads(m["out_spec"]),
             out_leaves=leaves,
+            static_shapes=m.get("static_shapes"),
         )
         return captured, float(m["capture_seconds"])
     except Exception as e:  # noqa: BLE001 - any defect means: capture again

@@ -95,6 +95,12 @@ class _Runner:
             m.save(path)
             log("INFO", f"saved the {kind} graph to {path}")
 
+    def fits(self, flat_tensors: list[torch.Tensor]) -> bool:
+        """Whether this graph runs these tensor arguments: always, unless it specialized sizes
+        they do not have."""
+        static = self.captured.static_shapes
+        return static is None or all(list(t.shape) == s for t, s in zip(flat_tensors, static))
+
     def tensors(self, flat_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         out = []
         for k, gi in enumerate(self.captured.inputs):
@@ -344,15 +350,20 @@ class GraphModule(torch.nn.Module):
             tuple(p.requires_grad for p in self.module.parameters()),
             hooks,
         )
+        key_schema = (schema, hooks) if hooks else schema
+        if self.eager_modules:
+            key_schema = (key_schema, ("eager", self.eager_modules))
+        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         runner = self._runners.get(key)
         if runner is not None:
             self._runners.move_to_end(key)
+            if not runner.fits(tensors_in):
+                runner = self._runners[key] = self._capture_symbolic(flat, spec, key_schema)
         else:
             try:
-                key_schema = (schema, hooks) if hooks else schema
-                if self.eager_modules:
-                    key_schema = (key_schema, ("eager", self.eager_modules))
                 runner = self._capture(flat, spec, key_schema)
+                if not runner.fits(tensors_in):  # a cached graph specialized to other sizes
+                    runner = self._capture_symbolic(flat, spec, key_schema)
             except UnsupportedModelError as e:
                 # Not a DeepSpeed model: its hooks are off its modules, eager cannot run it.
                 if options()["fallback_policy"].value == "EAGER" and self._zero_offload is None:
@@ -366,7 +377,6 @@ class GraphModule(torch.nn.Module):
                     return self.module(*args, **kwargs)
                 raise
             self._keep(key, runner, args, kwargs)
-        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         all_inputs = runner.tensors(tensors_in)
         if self._zero_offload is not None:
             self._zero_offload.before_forward()
@@ -420,7 +430,29 @@ class GraphModule(torch.nn.Module):
                 f"{what}. It keeps the {MAX_GRAPHS} most recently used graphs.",
             )
 
-    def _capture(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
+    def _capture_symbolic(self, flat: list[Any], spec: Any, schema: Any) -> _Runner:
+        """The graph for sizes other than those the first graph specialized: captured with batch
+        and sequence sizes symbolic, so it serves every size after; where torch.export cannot
+        keep them symbolic, one more specialized graph."""
+        try:
+            return self._capture(flat, spec, schema, dynamic=True)
+        except UnsupportedModelError as e:
+            log_once(
+                "WARNING",
+                f"{type(self.module).__name__} could not be captured with symbolic sizes ({e}); "
+                "each new input size captures a graph of its own.",
+                key=("no-symbolic", id(self)),
+            )
+            return self._capture(flat, spec, schema, dynamic=False, use_cache=False)
+
+    def _capture(
+        self, flat: list[Any], spec: Any, schema: Any, dynamic: bool = False, use_cache: bool = True
+    ) -> _Runner:
+        """The graph for these arguments: from the on-disk cache, or captured. The first capture
+        specializes every size (3-5x faster than symbolic sizes: the first step comes sooner);
+        `dynamic` keeps batch and sequence sizes symbolic, once a second size shows up. A symbolic
+        capture replaces the cached graph; it is never answered from the cache, which holds the
+        specialized one it replaces."""
         refresh_rank()
         _refuse_foreign_shards(self.module)
         self._zero_offload = _deepspeed_layout(self.module)
@@ -429,10 +461,10 @@ class GraphModule(torch.nn.Module):
         captured = None
         cache_dir = options()["cache_dir"].value
         path = ""
-        if cache_dir:
+        if cache_dir and use_cache:
             key = _cache.cache_key(self.module, schema, self.module.training)
             path = os.path.join(cache_dir, f"{type(self.module).__name__}-{key}.onnx")
-            hit = _cache.load(path)
+            hit = None if dynamic else _cache.load(path)
             if hit is not None:
                 captured, seconds = hit
                 log(
@@ -458,6 +490,7 @@ class GraphModule(torch.nn.Module):
                         ),
                     ),
                     fallback=options()["fallback_policy"].value == "ATEN",
+                    dynamic=dynamic,
                 )
 
             try:
@@ -488,16 +521,19 @@ class GraphModule(torch.nn.Module):
         runner = _Runner(captured, self.module, wants, self._debug, label)
         found = _fallback.fallback_ops(captured.model)
         if found:
-            log(
+            ops = _fallback.describe_fallbacks(found)
+            log_once(  # once: the symbolic-size capture after the specialized one finds the same
                 "WARNING",
                 f"{type(self.module).__name__} ({label}): {len(found)} ATen op(s) have no "
                 f"native graphtrain kernel and run through PyTorch's kernels inside the graph: "
-                f"{_fallback.describe_fallbacks(found)}. graphtrain.explain(model, *args) shows how "
+                f"{ops}. graphtrain.explain(model, *args) shows how "
                 "every op runs; GRAPHTRAIN_FALLBACK_POLICY=off makes this an error.",
+                key=("fallback-ops", id(self), label, ops),
             )
+        sizes = "specialized" if captured.static_shapes is not None else "symbolic"
         log(
             "INFO",
             f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
-            f"{len(captured.model.graph.node)} nodes",
+            f"{len(captured.model.graph.node)} nodes, sizes {sizes}",
         )
         return runner

@@ -14,12 +14,12 @@ sys.path.insert(0, {tests!r})
 import graphtrain
 from models import training_model, training_inputs
 torch.manual_seed(0)
-hidden = int(sys.argv[1]); dtype = sys.argv[2]; mode = sys.argv[3]
+hidden = int(sys.argv[1]); dtype = sys.argv[2]; mode = sys.argv[3]; batch = int(sys.argv[4])
 model = training_model("mlp", hidden=hidden)
 if mode == "eval":
     model.eval()
 gm = graphtrain.GraphModule(model)
-x, y = training_inputs("mlp", seed=3)
+x, y = training_inputs("mlp", seed=3, **({{"batch": batch}} if batch else {{}}))
 if dtype == "int64":  # integer features, cast inside the model
     class Cast(torch.nn.Module):
         def __init__(self):
@@ -38,12 +38,12 @@ print("RESULT", gm.captures, repr(loss.item()))
 """
 
 
-def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING"):
+def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING", batch=0):
     code = SCRIPT.format(tests=str(Path(__file__).parent))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
     env.update(GRAPHTRAIN_CACHE_DIR=str(cache), GRAPHTRAIN_LOG_LEVEL=level)
     r = subprocess.run(
-        [sys.executable, "-c", code, str(hidden), dtype, mode],
+        [sys.executable, "-c", code, str(hidden), dtype, mode, str(batch)],
         env=env,
         capture_output=True,
         text=True,
@@ -64,6 +64,19 @@ def test_second_process_captures_nothing_and_agrees(tmp_path):
     assert captures2 == 0 and loss2 == loss
     assert f"loaded the captured graph of WithLoss (train) from {files[0]}" in log
     assert "capturing took" in log
+
+
+def test_a_new_batch_size_replaces_the_specialized_graph(tmp_path):
+    """The first capture specializes every size and is cached; a process with another batch size
+    loads it, captures once with the sizes symbolic and replaces the file; every size then loads."""
+    captures, loss, log = run(tmp_path, level="INFO")
+    assert captures == 1 and "sizes specialized" in log
+    assert run(tmp_path)[0] == 0
+    captures, _, log = run(tmp_path, batch=5, level="INFO")
+    assert captures == 1 and "sizes symbolic" in log
+    assert len(list(tmp_path.glob("*.onnx"))) == 1
+    assert run(tmp_path, batch=7)[0] == 0
+    assert run(tmp_path) == (0, loss, "")
 
 
 def test_changes_that_matter_capture_anew(tmp_path):
@@ -99,7 +112,7 @@ def test_two_processes_writing_one_key(tmp_path):
     env["GRAPHTRAIN_CACHE_DIR"] = str(tmp_path)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, "64", "float32", "train"],
+            [sys.executable, "-c", code, "64", "float32", "train", "0"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

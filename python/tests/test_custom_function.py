@@ -233,8 +233,9 @@ class Wrap(nn.Module):
 
 def inferred_types(fn):
     gm = graphtrain.GraphModule(Wrap(fn))
-    out = gm(torch.randn(2, 5, 3))
-    assert out.shape == (2, 5, 3)
+    gm(torch.randn(2, 5, 3))  # the first graph specializes the sizes
+    out = gm(torch.randn(3, 4, 3))  # another size: the graph with batch dims symbolic
+    assert out.shape == (3, 4, 3)
     (runner,) = gm._runners.values()
     proto = runner.captured.model
     node = next(n for n in proto.graph.node if n.op_type == "PythonOp")

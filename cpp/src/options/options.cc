@@ -89,7 +89,7 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "(GraphModule)."),
       spec("fallback_policy", T::kEnum, "ATEN", "GRAPHTRAIN_FALLBACK_POLICY",
            "ATEN runs an op without a native kernel through PyTorch's kernel inside the graph "
-           "(one warning per capture names them); OFF raises an error naming the op and its "
+           "(one warning names them); OFF raises an error naming the op and its "
            "module; EAGER runs the whole module in plain PyTorch, with one warning (GraphModule).",
            {"ATEN", "OFF", "EAGER"}),
       spec("enable_custom_autograd", T::kBool, "1", "GRAPHTRAIN_ENABLE_CUSTOM_AUTOGRAD",
