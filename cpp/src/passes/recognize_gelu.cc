@@ -105,8 +105,9 @@ bool computes_gelu(const std::vector<Node*>& region, const Value* x, bool tanh) 
 }
 
 // Replaces the region computing y with one Gelu, if y = GELU(x) for a value x in y's elementwise
-// cone (tried nearest first) and the region's inner values are read by nobody else.
-bool rewrite_at(Graph& g, Node* seed, Value* y) {
+// cone (tried nearest first) and the region's inner values are read by nobody else; the nodes it
+// removes go into `removed`.
+bool rewrite_at(Graph& g, Node* seed, Value* y, std::unordered_set<Node*>& removed) {
   std::vector<Node*> cone;  // producers first
   std::unordered_set<Node*> seen;
   std::function<void(Value*)> visit = [&](Value* v) {
@@ -141,7 +142,10 @@ bool rewrite_at(Graph& g, Node* seed, Value* y) {
     gelu->attributes["approximate"] = Attribute::of(std::string(tanh ? "tanh" : "none"));
     gelu->scope = common_scope(region);
     g.move_output(y, gelu, 0);
-    for (auto it = region.rbegin(); it != region.rend(); ++it) g.remove_node(*it);
+    for (auto it = region.rbegin(); it != region.rend(); ++it) {
+      removed.insert(*it);
+      g.remove_node(*it);
+    }
     return true;
   }
   return false;
@@ -167,14 +171,9 @@ size_t recognize_gelu(Graph& graph) {
       v = uses[0].first->output(0);
       ys.push_back(v);
     }
-    std::vector<Node*> before = graph.nodes();
     for (auto it = ys.rbegin(); it != ys.rend(); ++it) {
-      if (rewrite_at(graph, seed, *it)) {
+      if (rewrite_at(graph, seed, *it, removed)) {
         ++rewrites;
-        std::vector<Node*> after = graph.nodes();
-        std::unordered_set<Node*> still(after.begin(), after.end());
-        for (Node* n : before)
-          if (!still.count(n)) removed.insert(n);
         break;
       }
     }

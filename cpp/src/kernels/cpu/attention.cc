@@ -206,13 +206,11 @@ class AttentionKernel : public OpKernel {
               std::fill(row, row + nk, 0.0f);
               continue;
             }
-            l[r] = l[r] * (m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx)) +
-                   vec_exp_sum(row, row, nk, mx);
-            if (!first && m[r] != mx) {
-              float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
+            float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);  // the old rows' rescale
+            l[r] = l[r] * alpha + vec_exp_sum(row, row, nk, mx);
+            if (!first && alpha != 1.0f)
               vec::map(acc.data() + r * g.ev, acc.data() + r * g.ev, g.ev,
                        [alpha](auto x) { return x * alpha; });
-            }
             m[r] = mx;
             if (g.dropout > 0)
               for (int64_t c = 0; c < nk; ++c)
