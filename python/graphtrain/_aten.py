@@ -1,7 +1,8 @@
 """Translation of ATen ops (torch.export's training IR) into graphtrain's IR, one function per op.
 
 Each translator receives the FX node and the translation context and returns the name(s) of the
-IR value(s) holding its result. Adding an op is one entry in TRANSLATORS.
+IR value(s) holding its result. Adding an op is one entry in _translate.TRANSLATORS
+(the @op decorator); importing this module fills the table, which only a capture needs.
 """
 
 from __future__ import annotations
@@ -13,45 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ._translate import op, rank, val
+
 if TYPE_CHECKING:
     from ._capture import Translator
 
 aten = torch.ops.aten
 GT = "graphtrain"
 INT64_MAX = 2**63 - 1
-
-TRANSLATORS: dict[Any, Callable[[torch.fx.Node, Translator], Any]] = {}
-
-
-def register_translator(target: Any, fn: Callable[[torch.fx.Node, Translator], Any]) -> None:
-    """Translates FX nodes calling `target` with `fn(node, translator) -> IR value name(s)`."""
-    TRANSLATORS[target] = fn
-
-
-def op(*targets: Any) -> Callable:
-    def register(fn: Callable) -> Callable:
-        for t in targets:
-            register_translator(t, fn)
-        return fn
-
-    return register
-
-
-def val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
-
-
-def rank(node: Any) -> int:
-    return val(node).dim()
-
-
-def writes_first_argument(node: torch.fx.Node) -> bool:
-    """An in-place ATen op (relu_, fill_, copy_, ...): it writes its first argument."""
-    if not isinstance(node.target, torch._ops.OpOverload) or not node.args:
-        return False
-    args = node.target._schema.arguments
-    info = args[0].alias_info if args else None
-    return bool(info is not None and info.is_write and isinstance(node.args[0], torch.fx.Node))
 
 
 def axis(a: int, r: int) -> int:

@@ -1,7 +1,9 @@
 """The on-disk cache of captured graphs (GRAPHTRAIN_CACHE_DIR).
 
 A cached capture is a real ONNX model (it opens in Netron) whose metadata holds what GraphModule
-needs besides the graph, and a checksum. Writes are atomic (a temporary file renamed into place),
+needs besides the graph, and a checksum of every byte before it. The metadata entries are written
+and read as protobuf bytes here (appending a field to a serialized message is valid protobuf), so
+a cache hit needs neither the onnx package nor torch.export. Writes are atomic (a temporary file renamed into place),
 so two processes writing one key both leave a whole file; a corrupted or incompatible file is
 reported once and replaced by a fresh capture.
 """
@@ -17,16 +19,15 @@ import sys
 import tempfile
 from typing import Any
 
-import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from ._capture import OPSET, Captured, GraphInput
+from ._captured import OPSET, Captured, GraphInput
 from ._options import options
 from ._structure import leaf_from_json, leaf_to_json
 from .log import log, log_once
 
-FORMAT = 1
+FORMAT = 2  # 2: the checksum covers the file's bytes before it
 _META_KEY = "graphtrain.capture"
 _SUM_KEY = "graphtrain.checksum"
 
@@ -88,8 +89,69 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
     return h.hexdigest()[:32]
 
 
-def _checksum(model: onnx.ModelProto, meta: str) -> str:
-    return hashlib.sha256(model.graph.SerializeToString() + meta.encode()).hexdigest()
+_METADATA_PROPS = 14  # ModelProto.metadata_props: StringStringEntryProto {key = 1, value = 2}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _metadata_entry(key: str, value: str) -> bytes:
+    """One ModelProto.metadata_props entry, to append to a serialized model."""
+    return _field(_METADATA_PROPS, _field(1, key.encode()) + _field(2, value.encode()))
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if i >= len(data) or shift > 63:
+            raise ValueError("truncated or corrupted protobuf")
+        b = data[i]
+        n |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return n, i
+        shift += 7
+
+
+def _fields(data: bytes, wanted: int) -> list[bytes]:
+    """The payloads of one length-delimited field of a serialized message (top level only)."""
+    out, i = [], 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        kind = key & 7
+        if kind == 0:
+            _, i = _read_varint(data, i)
+        elif kind in (1, 5):
+            i += 8 if kind == 1 else 4
+        elif kind == 2:
+            size, i = _read_varint(data, i)
+            if key >> 3 == wanted:
+                out.append(data[i : i + size])
+            i += size
+        else:
+            raise ValueError(f"protobuf wire type {kind} at byte {i}")
+        if i > len(data):
+            raise ValueError("truncated protobuf")
+    return out
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    props = {}
+    for entry in _fields(data, _METADATA_PROPS):
+        key, value = (_fields(entry, n) for n in (1, 2))
+        props[key[0].decode() if key else ""] = value[0].decode() if value else ""
+    return props
 
 
 def save(path: str, captured: Captured, seconds: float) -> None:
@@ -114,11 +176,8 @@ def save(path: str, captured: Captured, seconds: float) -> None:
             "static_shapes": captured.static_shapes,
         }
     )
-    model = onnx.ModelProto()
-    model.CopyFrom(captured.model)
-    for key, value in ((_META_KEY, meta), (_SUM_KEY, _checksum(model, meta))):
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
+    body = captured.model + _metadata_entry(_META_KEY, meta)
+    data = body + _metadata_entry(_SUM_KEY, hashlib.sha256(body).hexdigest())
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)  # a new cache folder is the user's alone
     if not _trusted(folder):
@@ -126,7 +185,7 @@ def save(path: str, captured: Captured, seconds: float) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".onnx")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -168,20 +227,22 @@ def load(path: str) -> tuple[Captured, float] | None:
     if not (_trusted(os.path.dirname(path)) and _trusted(path)):
         return None
     try:
-        model = onnx.ModelProto()
         with open(path, "rb") as f:
-            model.ParseFromString(f.read())
-        props = {p.key: p.value for p in model.metadata_props}
-        meta = props[_META_KEY]
-        del model.metadata_props[:]
-        if props.get(_SUM_KEY) != _checksum(model, meta):
+            data = f.read()
+        props = _metadata(data)
+        if _META_KEY not in props:
+            raise ValueError("it holds no graphtrain metadata")
+        expected = props.get(_SUM_KEY, "")
+        trailer = _metadata_entry(_SUM_KEY, expected)
+        body = data[: len(data) - len(trailer)]
+        if not data.endswith(trailer) or hashlib.sha256(body).hexdigest() != expected:
             raise ValueError("checksum mismatch")
-        m = json.loads(meta)
+        m = json.loads(props[_META_KEY])
         if m["format"] != FORMAT:
             raise ValueError(f"format {m['format']}, expected {FORMAT}")
         leaves = [leaf_from_json(x) for x in m["out_leaves"]]
         captured = Captured(
-            model=model,
+            model=data,
             inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],
             outputs=m["outputs"],
             output_float=m["output_float"],

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _C, _aten
+from . import _C
 from ._structure import describe_structure, leaf_from_json, rebuild
+from ._translate import register_translator
 
 _local = threading.local()
 
@@ -259,4 +260,4 @@ def _translate_hook(n: torch.fx.Node, t: Any) -> list[str]:
     return outs[:-1]  # the last output is the context, for HookGrad
 
 
-_aten.register_translator(HOOK_OP, _translate_hook)
+register_translator(HOOK_OP, _translate_hook)

@@ -9,7 +9,6 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,40 +17,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch.utils import _pytree as pytree
 
-from . import _aten, _fallback
+from . import _aten, _fallback, _gather
+from ._captured import OPSET, Captured, GraphInput, dynamic_dims
 from ._dtypes import TORCH_TO_NUMPY, TORCH_TO_ONNX
 from ._structure import TENSOR, ObjectLeaf, leaf_to_json, object_to_json
+from ._translate import TRANSLATORS, val, writes_first_argument
 from .errors import UnsupportedModelError
 from .log import capture_output
-
-OPSET = 20  # Gelu is standard from 20
-
-
-@dataclass
-class GraphInput:
-    kind: str  # "param", "buffer" or "input"
-    key: Any  # parameter / buffer name, or the position among the flattened tensor inputs
-    name: str  # the graph input's name
-
-
-@dataclass
-class Captured:
-    model: onnx.ModelProto
-    inputs: list[GraphInput]
-    outputs: list[str]  # graph outputs holding the user's tensor outputs
-    output_float: list[bool]
-    buffer_updates: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # (graph output, buffer name)
-    out_spec: Any = None  # pytree spec of the module's output
-    out_leaves: list[Any] = field(default_factory=list)  # non-tensor leaves; TENSOR marks tensors
-    uncacheable: str = ""  # why the on-disk cache cannot hold this capture, if it cannot
-    # The tensor arguments' shapes when every size was captured as it was (specialized); None when
-    # the dims of `dynamic_dims` are symbolic.
-    static_shapes: list[list[int]] | None = None
-    routes: list[tuple[str, str, str]] = field(
-        default_factory=list
-    )  # (ATen op, module, how it runs)
 
 
 class _Flat(torch.nn.Module):
@@ -138,7 +110,7 @@ def _scope(node: torch.fx.Node) -> str:
 
 
 class Translator:
-    """Builds the IR from an exported program, op by op (see _aten.TRANSLATORS)."""
+    """Builds the IR from an exported program, op by op (see TRANSLATORS)."""
 
     def __init__(self, ep: torch.export.ExportedProgram) -> None:
         self.ep = ep
@@ -199,12 +171,12 @@ class Translator:
         return TORCH_TO_ONNX[dtype]
 
     def scalar(self, v: Any, like: Any) -> str:
-        dtype = _aten.val(like).dtype
+        dtype = val(like).dtype
         return self.const(np.array(v, dtype=self.np_dtype(dtype)))
 
     def operand(self, x: Any, like: Any) -> str:
         if isinstance(x, torch.fx.Node):
-            v = _aten.val(x)
+            v = val(x)
             if isinstance(v, torch.Tensor):
                 return self.value(x)
             # a SymInt used as a scalar operand
@@ -216,7 +188,7 @@ class Translator:
         torch's type promotion of the pair (an int64 tensor times 0.5 computes in float32)."""
 
         def meta(x: Any) -> Any:
-            v = _aten.val(x) if isinstance(x, torch.fx.Node) else x
+            v = val(x) if isinstance(x, torch.fx.Node) else x
             return 0 if isinstance(v, (torch.SymInt, torch.SymBool)) else v
 
         if dtype is None:
@@ -224,7 +196,7 @@ class Translator:
         out = []
         for x in (a, b):
             if isinstance(x, torch.fx.Node):
-                v = _aten.val(x)
+                v = val(x)
                 name = self.operand(x, x)
                 have = v.dtype if isinstance(v, torch.Tensor) else torch.int64
                 if have != dtype:
@@ -366,14 +338,14 @@ _REGIONS: dict[Any, Callable] = {
 def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
     """The IR value(s) of one FX node: its native translation, else (with `fallback`, for ATen ops)
     an ATenOp node that runs PyTorch's kernel."""
-    fn = _aten.TRANSLATORS.get(node.target)
+    fn = TRANSLATORS.get(node.target)
     can_fall_back = fallback and _fallback.applies(node)
     why = "this operation"
     if fn is not None:
         mark = t.mark()
         try:
             result = fn(node, t)
-            if _aten.writes_first_argument(node) and isinstance(result, str):
+            if writes_first_argument(node) and isinstance(result, str):
                 t.mutated(node.args[0], result)  # in place: later readers see the new value
             return result
         except UnsupportedModelError as e:
@@ -436,18 +408,9 @@ def export_module(
     return ep, record
 
 
-def dynamic_dims(t: torch.Tensor) -> range:
-    """The dims a capture keeps symbolic. All of them (batch, sequence, features), except for
-    images and feature maps (floating tensors of rank 4 or more: batch, channels, height, width),
-    where only the batch is: their sizes rarely change in training, and symbolic spatial sizes
-    make torch.export's shape reasoning very slow on windowed vision models (minutes for a Swin).
-    A new image size captures a new graph."""
-    return range(1) if t.dim() >= 4 and t.is_floating_point() else range(t.dim())
-
-
 def _writes_into_a_view(ep: Any) -> bool:
     for node in ep.graph.nodes:
-        if not _aten.writes_first_argument(node):
+        if not writes_first_argument(node):
             continue
         target = node.args[0]
         if target.op == "call_function" and isinstance(target.target, torch._ops.OpOverload):
@@ -508,17 +471,18 @@ def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captur
         if value in outputs or value in [i.name for i in inputs]:
             value = t.emit("Identity", [value])
         outputs.append(value)
-        output_float.append(_aten.val(out).dtype.is_floating_point)
-    value_infos = [_value_info(o, _aten.val(n)) for o, n in zip(outputs, out_nodes)]
+        output_float.append(val(out).dtype.is_floating_point)
+    value_infos = [_value_info(o, val(n)) for o, n in zip(outputs, out_nodes)]
     updates = list(t.buffer_updates.items())
     for _, value in updates:
         value_infos.append(helper.make_tensor_value_info(value, TensorProto.UNDEFINED, None))
+    _gather.count_uses(t.nodes)
     graph = helper.make_graph(t.nodes, name, graph_inputs, value_infos, initializer=t.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("graphtrain", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     return Captured(
-        model=model,
+        model=model.SerializeToString(),
         inputs=inputs,
         outputs=outputs,
         output_float=output_float,

@@ -1,22 +1,23 @@
-"""Element-type tables between torch, ONNX and numpy (a leaf module: it imports no graphtrain code)."""
+"""Element-type tables between torch, ONNX and numpy (a leaf module: it imports no graphtrain code).
+The ONNX codes are TensorProto.DataType's values, written out: the run-time path does not import
+the onnx package (11 MiB)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from onnx import TensorProto
 
 TORCH_TO_ONNX: dict[torch.dtype, int] = {
-    torch.float32: TensorProto.FLOAT,
-    torch.float64: TensorProto.DOUBLE,
-    torch.float16: TensorProto.FLOAT16,
-    torch.bfloat16: TensorProto.BFLOAT16,
-    torch.int64: TensorProto.INT64,
-    torch.int32: TensorProto.INT32,
-    torch.int16: TensorProto.INT16,
-    torch.int8: TensorProto.INT8,
-    torch.uint8: TensorProto.UINT8,
-    torch.bool: TensorProto.BOOL,
+    torch.float32: 1,  # FLOAT
+    torch.float64: 11,  # DOUBLE
+    torch.float16: 10,  # FLOAT16
+    torch.bfloat16: 16,  # BFLOAT16
+    torch.int64: 7,  # INT64
+    torch.int32: 6,  # INT32
+    torch.int16: 5,  # INT16
+    torch.int8: 3,  # INT8
+    torch.uint8: 2,  # UINT8
+    torch.bool: 9,  # BOOL
 }
 ONNX_TO_TORCH: dict[int, torch.dtype] = {code: dtype for dtype, code in TORCH_TO_ONNX.items()}
 TORCH_TO_NUMPY: dict[torch.dtype, type] = {

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _aten, _callbacks
+from . import _callbacks
 from ._structure import TENSOR, leaf_from_json, leaf_to_json
+from ._translate import val, writes_first_argument
 from .errors import GraphError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def _dim(d: Any) -> str:
 
 
 def _tensor_outputs(node: torch.fx.Node, t: Translator) -> list[torch.Tensor]:
-    meta = _aten.val(node)
+    meta = val(node)
     outs = [meta] if isinstance(meta, torch.Tensor) else list(meta or ())
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         t.unsupported(
@@ -68,7 +69,7 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
     leaves: list[Any] = []
     for x in flat:
         if isinstance(x, torch.fx.Node):
-            v = _aten.val(x)
+            v = val(x)
             if isinstance(v, torch.Tensor):
                 leaves.append(leaf_to_json(TENSOR))
                 input_dtypes.append(t.onnx_dtype(v.dtype))
@@ -84,7 +85,7 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
         except TypeError:
             t.unsupported(node, f"an argument of type {type(x).__name__} ({x!r})")
     outs_meta = _tensor_outputs(node, t)
-    in_place = _aten.writes_first_argument(node)  # it writes (a copy of) its first input
+    in_place = writes_first_argument(node)  # it writes (a copy of) its first input
     info = json.dumps({"spec": pytree.treespec_dumps(spec), "leaves": leaves})
     attrs: dict[str, Any] = dict(
         target=target_name(target),
@@ -97,22 +98,18 @@ def translate(node: torch.fx.Node, t: Translator, why: str) -> Any:
     )
     attrs = {k: v for k, v in attrs.items() if v != []}  # ONNX cannot type an empty list
     outs = t.emit("ATenOp", inputs, n_out=len(outs_meta) + 1, domain="graphtrain", **attrs)
-    if in_place and isinstance(_aten.val(node), torch.Tensor):
+    if in_place and isinstance(val(node), torch.Tensor):
         t.mutated(node.args[0], outs[0])  # an in-place op returns what it wrote
     result = outs[:-1]
-    return result[0] if isinstance(_aten.val(node), torch.Tensor) else result
+    return result[0] if isinstance(val(node), torch.Tensor) else result
 
 
 def fallback_ops(model: Any) -> dict[str, list[str]]:
     """ATen op -> the modules where it runs through PyTorch, for the ATenOp nodes of a captured
-    graph (an onnx.ModelProto)."""
+    graph (a graphtrain._C.Model)."""
     found: dict[str, list[str]] = {}
-    for n in model.graph.node:
-        if n.op_type != "ATenOp":
-            continue
-        target = next((a.s.decode() for a in n.attribute if a.name == "target"), "?")
-        scope = next((p.value for p in n.metadata_props if p.key == "graphtrain.scope"), "")
-        modules = found.setdefault(target, [])
+    for scope, attrs in model.nodes("ATenOp", "graphtrain"):
+        modules = found.setdefault(attrs.get("target", "?"), [])
         if (scope or "(top level)") not in modules:
             modules.append(scope or "(top level)")
     return found

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from . import _aten, _callbacks
+from . import _callbacks
+from ._translate import register_translator
+
+if TYPE_CHECKING:
+    import onnx
 
 LAYOUT_ATTR = "_graphtrain_sharding"
 
@@ -77,16 +80,17 @@ def _translate(n: torch.fx.Node, t: Any) -> str:
     )
 
 
-_aten.register_translator(GATHER_OP, _translate)
+register_translator(GATHER_OP, _translate)
 
 
-def count_uses(model: onnx.ModelProto) -> None:
-    """Sets `uses` on each ShardGather: how many gathers of its group the graph has (a tied
-    parameter read by two modules has two), so that the layout knows when a group's gradient is
-    whole."""
-    nodes = [n for n in model.graph.node if n.op_type == "ShardGather"]
+def count_uses(graph_nodes: list[onnx.NodeProto]) -> None:
+    """Sets `uses` on each ShardGather of a captured graph: how many gathers of its group the graph
+    has (a tied parameter read by two modules has two), so that the layout knows when a group's
+    gradient is whole."""
+    nodes = [n for n in graph_nodes if n.op_type == "ShardGather"]
     if not nodes:
         return
+    from onnx import helper
 
     def attr(n: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
         return next((a for a in n.attribute if a.name == name), None)
@@ -98,7 +102,7 @@ def count_uses(model: onnx.ModelProto) -> None:
         if existing is not None:
             existing.i = count
         else:
-            n.attribute.append(onnx.helper.make_attribute("uses", count))
+            n.attribute.append(helper.make_attribute("uses", count))
 
 
 # ---- run time: the ShardGather / ShardGatherGrad handlers -----------------------------------------

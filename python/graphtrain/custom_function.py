@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from . import _C, _aten, _callbacks
+from . import _C, _callbacks
 from ._dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX
 from ._options import options
 from ._structure import leaf_from_json, leaf_to_json
+from ._translate import register_translator, val
 from .errors import GraphError, UnsupportedModelError
 
 InferShape = Callable[
@@ -122,11 +123,10 @@ def register_shape_inferer(func_or_qualified_name: type | str, fn: InferShape) -
 
 def prepare(model: Any) -> None:
     """Before a graph's shape inference: resolves each PythonOp's Function (a clear error for one
-    that cannot be imported) and registers its static infer_shape unless one was registered."""
-    for node in model.graph.node:
-        if node.op_type != "PythonOp" or node.domain != "graphtrain":
-            continue
-        name = next((a.s.decode() for a in node.attribute if a.name == "func_name"), "")
+    that cannot be imported) and registers its static infer_shape unless one was registered.
+    `model` is a graphtrain._C.Model."""
+    for _, attrs in model.nodes("PythonOp", "graphtrain"):
+        name = attrs.get("func_name", "")
         cls = resolve(name)
         infer = getattr(cls, "infer_shape", None)
         if infer is not None and name not in _python_inferers:
@@ -323,8 +323,8 @@ def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     notes = _notes.pop(d["key"], {})  # what the fake run learned; not needed after translation
     if notes.get("uncacheable"):
         t.uncacheable = notes["uncacheable"]
-    outs_meta = _aten.val(n)
-    inputs_meta = [_aten.val(x) for x in xs]
+    outs_meta = val(n)
+    inputs_meta = [val(x) for x in xs]
     attrs = dict(
         info=info,
         input_ranks=[m.dim() for m in inputs_meta],
@@ -348,7 +348,7 @@ def _translate(n: torch.fx.Node, t: Any) -> list[str]:
     return outs[:-1]
 
 
-_aten.register_translator(torch.ops.graphtrain.python_op.default, _translate)
+register_translator(torch.ops.graphtrain.python_op.default, _translate)
 
 
 # ---- run time ------------------------------------------------------------------------------------

@@ -13,9 +13,16 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
-from . import _C, _cache, _fallback, _gather, _islands, custom_function
+from . import (
+    _C,
+    _cache,
+    _fallback,
+    _gather,  # noqa: F401 - the ShardGather handlers, for graphs loaded from the cache
+    _islands,
+    custom_function,
+)
 from ._callbacks import CallbackRun, recording
-from ._capture import Captured, capture, dynamic_dims
+from ._captured import Captured, dynamic_dims
 from ._options import options
 from ._structure import TENSOR, ObjectLeaf
 from .debug_options import DebugOptions
@@ -59,9 +66,10 @@ class _Runner:
         self._placeholders: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         self._zeros: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.n_out = len(captured.outputs)
-        custom_function.prepare(captured.model)  # PythonOps: their Functions and shape inferers
-        _gather.count_uses(captured.model)
-        model = Model.from_bytes(captured.model.SerializeToString())
+        model = Model.from_bytes(captured.model)
+        custom_function.prepare(model)  # PythonOps: their Functions and shape inferers
+        self.fallbacks = _fallback.fallback_ops(model)  # ATen op -> modules, before any pass
+        self.num_nodes = model.num_nodes
         model.optimize(f"{label} captured", before_autodiff=True)  # recognize_gelu
         names = [i.name for i in captured.inputs]
         self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
@@ -475,6 +483,8 @@ class GraphModule(torch.nn.Module):
         if captured is None:
 
             def run_capture() -> Captured:
+                from ._capture import capture  # torch.export and the translators: ~45 MiB
+
                 return capture(
                     self.module,
                     flat,
@@ -519,7 +529,7 @@ class GraphModule(torch.nn.Module):
             else:
                 wants.append(False)
         runner = _Runner(captured, self.module, wants, self._debug, label)
-        found = _fallback.fallback_ops(captured.model)
+        found = runner.fallbacks
         if found:
             ops = _fallback.describe_fallbacks(found)
             log_once(  # once: the symbolic-size capture after the specialized one finds the same
@@ -534,6 +544,6 @@ class GraphModule(torch.nn.Module):
         log(
             "INFO",
             f"prepared {type(self.module).__name__} ({label}) in {time.perf_counter() - t0:.2f} s: "
-            f"{len(captured.model.graph.node)} nodes, sizes {sizes}",
+            f"{runner.num_nodes} nodes, sizes {sizes}",
         )
         return runner

@@ -123,7 +123,7 @@ def two_ranks(rank: int, world: int) -> dict[str, Any]:
     # DeepSpeed's replacement of torch.nn.functional.linear (an autograd Function) is not what
     # the graph captures: no opaque Python calls
     out["before_python_ops"] = sum(
-        n.op_type == "PythonOp" for r in gm._runners.values() for n in r.captured.model.graph.node
+        n.op_type == "PythonOp" for r in gm._runners.values() for n in r.captured.proto().graph.node
     )
     # DeepSpeed recorded the order in which the graph fetches modules (its prefetch follows it)
     out["before_trace"] = sub.coordinator.is_complete_trace()

@@ -101,7 +101,7 @@ def python_ops(gm: graphtrain.GraphModule) -> list[str]:
     (runner,) = gm._runners.values()
     return [
         next(a.s.decode() for a in n.attribute if a.name == "func_name")
-        for n in runner.captured.model.graph.node
+        for n in runner.captured.proto().graph.node
         if n.op_type == "PythonOp"
     ]
 
@@ -237,7 +237,7 @@ def inferred_types(fn):
     out = gm(torch.randn(3, 4, 3))  # another size: the graph with batch dims symbolic
     assert out.shape == (3, 4, 3)
     (runner,) = gm._runners.values()
-    proto = runner.captured.model
+    proto = runner.captured.proto()
     node = next(n for n in proto.graph.node if n.op_type == "PythonOp")
     model = graphtrain._C.Model.from_bytes(proto.SerializeToString())
     model.infer_shapes()

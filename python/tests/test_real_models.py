@@ -13,7 +13,12 @@ import pytest
 import torch
 
 import graphtrain
-from graphtrain import GraphModule, UnsupportedModelError, _aten
+from graphtrain import (
+    GraphModule,
+    UnsupportedModelError,
+    _aten,  # noqa: F401  (registers the ATen translators the tests remove)
+    _translate,
+)
 from real_models import MODELS, MORE, build, inputs
 
 NAMES = sorted(MODELS)
@@ -95,7 +100,7 @@ def test_six_adamw_steps_match_eager(name):
 
 def test_forced_fallback_trains_at_parity_and_warns_once(monkeypatch, caplog):
     """An op graphtrain runs natively (LayerNorm), forced through the ATen fallback."""
-    monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.layer_norm.default)
+    monkeypatch.delitem(_translate.TRANSLATORS, torch.ops.aten.layer_norm.default)
     ref = build("gpt2")
     gm = GraphModule(copy.deepcopy(ref))
     with caplog.at_level(logging.WARNING, logger="graphtrain"):
@@ -110,7 +115,7 @@ def test_forced_fallback_trains_at_parity_and_warns_once(monkeypatch, caplog):
 
 def test_fallback_policy_off_names_op_and_module(monkeypatch):
     graphtrain.set_option("fallback_policy", "off")
-    monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.layer_norm.default)
+    monkeypatch.delitem(_translate.TRANSLATORS, torch.ops.aten.layer_norm.default)
     gm = GraphModule(build("gpt2"))
     with pytest.raises(
         UnsupportedModelError, match=r"aten.layer_norm.default.*module 'transformer.h.0.ln_1'"
@@ -135,7 +140,7 @@ def test_explain_reports_every_op_of_gpt2(monkeypatch):
         text.startswith("GPT2LMHeadModel:") and "aten.scaled_dot_product_attention.default" in text
     )
     # with an op forced through the fallback, the report says so and names the module
-    monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.layer_norm.default)
+    monkeypatch.delitem(_translate.TRANSLATORS, torch.ops.aten.layer_norm.default)
     report = graphtrain.explain(GraphModule(model), **batch)
     assert report.fallback_ops == ["aten.layer_norm.default"]
     (norm,) = [r for r in report.ops if r.runs_as == "ATen fallback"]
@@ -197,7 +202,7 @@ def test_autocast_region_is_named_in_a_clear_error():
 def test_forced_batch_norm_fallback_trains_and_updates_running_stats(monkeypatch):
     """A fallback op with inputs that take no gradient (BatchNorm's running statistics): only the
     inputs the gradient builder asks for are differentiated, and the statistics still update."""
-    monkeypatch.delitem(_aten.TRANSLATORS, torch.ops.aten.batch_norm.default)
+    monkeypatch.delitem(_translate.TRANSLATORS, torch.ops.aten.batch_norm.default)
     ref = build("resnet")
     gm = GraphModule(copy.deepcopy(ref))
     ours, theirs = _train(gm, "resnet", 2), _train(ref, "resnet", 2)

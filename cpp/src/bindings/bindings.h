@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "graphtrain/graph.h"
 #include "graphtrain/tensor.h"
 
 namespace graphtrain::bindings {
@@ -17,6 +18,9 @@ void bind_training(nanobind::module_& m);
 void bind_stats(nanobind::module_& m);
 void bind_callbacks(nanobind::module_& m);
 void bind_optim(nanobind::module_& m);
+
+// A node's attributes as {name: int, float, str or list}; tensor attributes are left out.
+nanobind::dict attributes_of(const Node& node);
 
 // Arrays crossing into the engine (zero copy when contiguous) and back out.
 Tensor array_to_tensor(nanobind::handle obj, const std::string& what);

@@ -15,7 +15,6 @@
 namespace nb = nanobind;
 
 namespace graphtrain::bindings {
-namespace {
 
 nb::dict attributes_of(const Node& node) {
   nb::dict d;
@@ -45,6 +44,8 @@ nb::dict attributes_of(const Node& node) {
   }
   return d;
 }
+
+namespace {
 
 nb::list shape_to_python(const SymShape& shape) {
   nb::list out;

@@ -349,6 +349,18 @@ void bind_engine(nb::module_& m) {
       .def(
           "value_types", [](const Model& self) { return value_types(self.graph); },
           "name -> (dtype, dims or None); dims are ints or symbolic expressions")
+      .def(
+          "nodes",
+          [](const Model& self, const std::string& op_type, const std::string& domain) {
+            nb::list out;
+            for (Node* n : self.graph.nodes())
+              if (n->op_type == op_type && n->domain == domain)
+                out.append(nb::make_tuple(n->scope, attributes_of(*n)));
+            return out;
+          },
+          nb::arg("op_type"), nb::arg("domain") = "",
+          "[(module scope, {attribute: value})] of the nodes of one op, in graph order; tensor "
+          "attributes are left out.")
       .def("ops",
            [](const Model& self) {
              std::vector<std::string> out;
