@@ -3,9 +3,9 @@
 A cached capture is a real ONNX model (it opens in Netron) whose metadata holds what GraphModule
 needs besides the graph, and a checksum of every byte before it. The metadata entries are written
 and read as protobuf bytes here (appending a field to a serialized message is valid protobuf), so
-a cache hit needs neither the onnx package nor torch.export. Writes are atomic (a temporary file renamed into place),
-so two processes writing one key both leave a whole file; a corrupted or incompatible file is
-reported once and replaced by a fresh capture.
+a cache hit needs neither the onnx package nor torch.export. Writes are atomic (a temporary file
+renamed into place), so two processes writing one key both leave a whole file; a corrupted or
+incompatible file is reported once and replaced by a fresh capture.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ print("RESULT", gm.captures, repr(loss.item()))
 """
 
 
-def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING", batch=0):
-    code = SCRIPT.format(tests=str(Path(__file__).parent))
+def run(cache: Path, hidden=64, dtype="float32", mode="train", level="WARNING", batch=0, then=""):
+    code = SCRIPT.format(tests=str(Path(__file__).parent)) + then
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRAIN_")}
     env.update(GRAPHTRAIN_CACHE_DIR=str(cache), GRAPHTRAIN_LOG_LEVEL=level)
     r = subprocess.run(
@@ -64,6 +64,17 @@ def test_second_process_captures_nothing_and_agrees(tmp_path):
     assert captures2 == 0 and loss2 == loss
     assert f"loaded the captured graph of WithLoss (train) from {files[0]}" in log
     assert "capturing took" in log
+
+
+def test_cache_hit_loads_no_capture_machinery(tmp_path):
+    """A graph from the cache runs without torch.export, the ATen translators or the onnx package
+    (their import costs ~45 MiB of the training process's peak memory)."""
+    heavy = ("onnx", "torch._dynamo", "graphtrain._capture", "graphtrain._aten")
+    report = f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], file=sys.stderr)"
+    assert run(tmp_path, then=report)[0] == 1
+    captures, _, log = run(tmp_path, then=report)
+    assert captures == 0
+    assert "LOADED []" in log, log
 
 
 def test_a_new_batch_size_replaces_the_specialized_graph(tmp_path):
