@@ -2,7 +2,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "graphtrain/error.h"
 #include "graphtrain/session.h"
@@ -108,6 +113,32 @@ TEST(ThreadPool, CoversTheRangeOnceAndPropagatesErrors) {
       pool.parallel_for(100, 1, [&](int64_t a, int64_t b) { total += b - a; });
   });
   EXPECT_EQ(total.load(), 800);
+}
+
+TEST(ThreadPool, GlobalPoolRunsJobsInAChildOfForkAndExits) {
+  // GraphModule captures in a forked child; DataLoader workers are forked children too. Only the
+  // forking thread lives on there: the global pool must not wait for its workers.
+  ThreadPool& pool = ThreadPool::global();
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(1 << 16, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });
+  ASSERT_EQ(sum.load(), 1 << 16);  // the workers are up and spinning when we fork
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(30);  // a hang fails the test instead of stalling it
+    std::atomic<int64_t> child_sum{0};
+    for (int j = 0; j < 100; ++j)
+      pool.parallel_for(1000, 1, [&](int64_t lo, int64_t hi) { child_sum += hi - lo; });
+    std::exit(child_sum.load() == 100000 ? 0 : 1);  // static destructors run: the pool's too
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  sum = 0;
+  pool.parallel_for(1 << 16, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });
+  EXPECT_EQ(sum.load(), 1 << 16);  // the parent's pool is untouched
 }
 
 TEST(ThreadPool, ManyShortJobsFromSeveralThreadsWhileBusyAndIdle) {

@@ -31,6 +31,10 @@ class ThreadPool {
 
   int num_threads() const { return num_threads_; }
 
+  // In a child of fork(), called by an at-fork handler of the global pool: the pool runs every
+  // parallel_for on the calling thread from then on.
+  void forget_workers();
+
   // Calls fn(begin, end) over [0, n) in chunks of at least `grain` items, on up to num_threads()
   // threads (the caller is one of them). Returns when all chunks are done; rethrows the first
   // exception a chunk threw.

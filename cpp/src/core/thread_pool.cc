@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <new>
+
+#include <pthread.h>
 
 #include "graphtrain/log.h"
 #include "graphtrain/options.h"
@@ -51,7 +54,25 @@ ThreadPool& ThreadPool::global() {
     GT_DEVINFO("thread pool: ", n, " thread(s); BLAS pinned to one thread");
     return static_cast<int>(n);
   }());
+  static const bool at_fork = [] {
+    pthread_atfork(nullptr, nullptr, [] { ThreadPool::global().forget_workers(); });
+    return true;
+  }();
+  (void)at_fork;
   return pool;
+}
+
+void ThreadPool::forget_workers() {
+  // Only the forking thread lives on in a child of fork(): the workers' std::thread objects name
+  // threads that are gone (joining or destroying them would hang or abort), and a lock one of
+  // them held stays locked. Leak them and run every job on the calling thread, as with one thread.
+  (void)new std::vector<std::thread>(std::move(workers_));
+  workers_.clear();
+  inside_.store(0);
+  sleepers_.store(0);
+  new (&mutex_) std::mutex;
+  new (&submit_mutex_) std::mutex;
+  new (&wake_) std::condition_variable;
 }
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
