@@ -69,6 +69,7 @@ class ThreadPool {
   Job job_;                              // written only while no worker is inside it
   std::atomic<uint64_t> generation_{0};  // bumped when job_ holds a new job
   std::atomic<int> inside_{0};           // workers that may be reading job_
+  std::atomic<bool> writing_{false};     // a submitter is rewriting job_: workers stay out
   std::atomic<int> sleepers_{0};
   std::atomic<int> busy_{0};
   std::atomic<bool> stop_{false};

@@ -70,6 +70,7 @@ void ThreadPool::forget_workers() {
   workers_.clear();
   inside_.store(0);
   sleepers_.store(0);
+  writing_.store(false);
   new (&mutex_) std::mutex;
   new (&submit_mutex_) std::mutex;
   new (&wake_) std::condition_variable;
@@ -110,8 +111,15 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   auto idle_since = std::chrono::steady_clock::now();
   for (;;) {
-    // Announce first, then look: a submitter waits for inside_ == 0 before it rewrites job_.
+    // Announce first, then look: a submitter closes the door (writing_) and then waits for
+    // inside_ == 0 before it rewrites job_. One that finds the door closed stays out: entering
+    // after the submitter's last look at inside_, it would claim chunks of a half-written job.
     inside_.fetch_add(1);
+    if (writing_.load()) {
+      inside_.fetch_sub(1);
+      cpu_relax();
+      continue;
+    }
     uint64_t g = generation_.load();
     if (g != seen) {
       seen = g;
@@ -145,7 +153,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     return;
   }
   std::lock_guard<std::mutex> submit(submit_mutex_);
-  // Workers still leaving the previous job may read job_: wait until none is inside.
+  // Workers still leaving the previous job may read job_: close the door, then wait until none
+  // is inside.
+  writing_.store(true);
   spin_until([&] { return inside_.load() == 0; });
   Job& job = job_;
   job.fn = &fn;
@@ -156,6 +166,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   job.finished.store(0);
   job.error = nullptr;
   generation_.fetch_add(1);  // publishes the job
+  writing_.store(false);
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
