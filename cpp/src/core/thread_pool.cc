@@ -40,6 +40,9 @@ void spin_until(F done) {
   }
 }
 
+// The worker threads a child of fork() never had (forget_workers). Volatile: the store stays.
+std::vector<std::thread>* volatile forgotten_workers = nullptr;
+
 }  // namespace
 
 void pin_blas_to_one_thread() {
@@ -65,8 +68,9 @@ ThreadPool& ThreadPool::global() {
 void ThreadPool::forget_workers() {
   // Only the forking thread lives on in a child of fork(): the workers' std::thread objects name
   // threads that are gone (joining or destroying them would hang or abort), and a lock one of
-  // them held stays locked. Leak them and run every job on the calling thread, as with one thread.
-  (void)new std::vector<std::thread>(std::move(workers_));
+  // them held stays locked. Keep them, never joined, where a global points (so a leak checker
+  // sees them referenced), and run every job on the calling thread, as with one thread.
+  if (!workers_.empty()) forgotten_workers = new std::vector<std::thread>(std::move(workers_));
   workers_.clear();
   inside_.store(0);
   sleepers_.store(0);
