@@ -154,15 +154,17 @@ def _metadata(data: bytes) -> dict[str, str]:
     return props
 
 
-def save(path: str, captured: Captured, seconds: float) -> None:
+def encode(captured: Captured, seconds: float) -> bytes | None:
+    """The cache file of a capture (the graph, its metadata, a checksum), or None when the cache
+    cannot hold it (logged at DEVINFO)."""
     if captured.uncacheable:
         log("DEVINFO", f"capture not cached: {captured.uncacheable}")
-        return
+        return None
     try:
         leaves = [leaf_to_json(x) for x in captured.out_leaves]
     except TypeError as e:
         log("DEVINFO", f"capture not cached: the module returns {e}, which cannot be stored")
-        return
+        return None
     meta = json.dumps(
         {
             "format": FORMAT,
@@ -177,7 +179,38 @@ def save(path: str, captured: Captured, seconds: float) -> None:
         }
     )
     body = captured.model + _metadata_entry(_META_KEY, meta)
-    data = body + _metadata_entry(_SUM_KEY, hashlib.sha256(body).hexdigest())
+    return body + _metadata_entry(_SUM_KEY, hashlib.sha256(body).hexdigest())
+
+
+def decode(data: bytes) -> tuple[Captured, float]:
+    """The capture in a cache file's bytes and the seconds capturing took; ValueError (or another
+    exception) when they are damaged or of another format."""
+    props = _metadata(data)
+    if _META_KEY not in props:
+        raise ValueError("it holds no graphtrain metadata")
+    expected = props.get(_SUM_KEY, "")
+    trailer = _metadata_entry(_SUM_KEY, expected)
+    body = data[: len(data) - len(trailer)]
+    if not data.endswith(trailer) or hashlib.sha256(body).hexdigest() != expected:
+        raise ValueError("checksum mismatch")
+    m = json.loads(props[_META_KEY])
+    if m["format"] != FORMAT:
+        raise ValueError(f"format {m['format']}, expected {FORMAT}")
+    captured = Captured(
+        model=data,
+        inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],
+        outputs=m["outputs"],
+        output_float=m["output_float"],
+        buffer_updates=[tuple(x) for x in m["buffer_updates"]],
+        out_spec=pytree.treespec_loads(m["out_spec"]),
+        out_leaves=[leaf_from_json(x) for x in m["out_leaves"]],
+        static_shapes=m.get("static_shapes"),
+    )
+    return captured, float(m["capture_seconds"])
+
+
+def save(path: str, data: bytes) -> None:
+    """Writes an encoded capture to `path` atomically."""
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)  # a new cache folder is the user's alone
     if not _trusted(folder):
@@ -228,30 +261,7 @@ def load(path: str) -> tuple[Captured, float] | None:
         return None
     try:
         with open(path, "rb") as f:
-            data = f.read()
-        props = _metadata(data)
-        if _META_KEY not in props:
-            raise ValueError("it holds no graphtrain metadata")
-        expected = props.get(_SUM_KEY, "")
-        trailer = _metadata_entry(_SUM_KEY, expected)
-        body = data[: len(data) - len(trailer)]
-        if not data.endswith(trailer) or hashlib.sha256(body).hexdigest() != expected:
-            raise ValueError("checksum mismatch")
-        m = json.loads(props[_META_KEY])
-        if m["format"] != FORMAT:
-            raise ValueError(f"format {m['format']}, expected {FORMAT}")
-        leaves = [leaf_from_json(x) for x in m["out_leaves"]]
-        captured = Captured(
-            model=data,
-            inputs=[GraphInput(k, key, name) for k, key, name in m["inputs"]],
-            outputs=m["outputs"],
-            output_float=m["output_float"],
-            buffer_updates=[tuple(x) for x in m["buffer_updates"]],
-            out_spec=pytree.treespec_loads(m["out_spec"]),
-            out_leaves=leaves,
-            static_shapes=m.get("static_shapes"),
-        )
-        return captured, float(m["capture_seconds"])
+            return decode(f.read())
     except Exception as e:  # noqa: BLE001 - any defect means: capture again
         log_once(
             "WARNING",

@@ -19,7 +19,7 @@ import importlib
 import itertools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -50,13 +50,9 @@ def func_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def resolve(name: str) -> type:
-    """The Function class of a PythonOp: one seen in this process, else imported by name."""
-    cls = _functions.get(name)
-    if cls is not None:
-        return cls
+def _import(name: str) -> type | str:
+    """The Function class a PythonOp names, imported by name, or why it cannot be."""
     parts = name.split(".")
-    error = "no module of that name"
     for cut in range(len(parts) - 1, 0, -1):
         try:
             obj: Any = importlib.import_module(".".join(parts[:cut]))
@@ -66,18 +62,38 @@ def resolve(name: str) -> type:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
         except AttributeError as e:
-            error = str(e)
-            break
+            return str(e)
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
-            _functions[name] = obj
             return obj
-        error = f"it is a {type(obj).__name__}, not a torch.autograd.Function"
-        break
-    raise GraphError(
-        f"the graph calls torch.autograd.Function '{name}' (a PythonOp), which cannot be imported: "
-        f"{error}. Define the Function at the top level of an importable module (not inside a "
-        "function), or delete the cached graph (GRAPHTRAIN_CACHE_DIR) so the model is captured again"
-    )
+        return f"it is a {type(obj).__name__}, not a torch.autograd.Function"
+    return "no module of that name"
+
+
+def not_importable(names: Iterable[str]) -> str:
+    """Why one of these PythonOp Functions could not be imported by name in another process, or
+    "" when each can be."""
+    for name in names:
+        found = _import(name)
+        if isinstance(found, str):
+            return f"torch.autograd.Function '{name}' cannot be imported by name ({found})"
+    return ""
+
+
+def resolve(name: str) -> type:
+    """The Function class of a PythonOp: one seen in this process, else imported by name."""
+    cls = _functions.get(name)
+    if cls is not None:
+        return cls
+    found = _import(name)
+    if isinstance(found, str):
+        raise GraphError(
+            f"the graph calls torch.autograd.Function '{name}' (a PythonOp), which cannot be "
+            f"imported: {found}. Define the Function at the top level of an importable module "
+            "(not inside a function), or delete the cached graph (GRAPHTRAIN_CACHE_DIR) so the "
+            "model is captured again"
+        )
+    _functions[name] = found
+    return found
 
 
 # ---- shape inferers ------------------------------------------------------------------------------

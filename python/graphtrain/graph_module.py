@@ -16,6 +16,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from . import (
     _C,
     _cache,
+    _capture_process,
     _fallback,
     _gather,  # noqa: F401 - the ShardGather handlers, for graphs loaded from the cache
     _islands,
@@ -503,19 +504,37 @@ class GraphModule(torch.nn.Module):
                     dynamic=dynamic,
                 )
 
-            try:
-                captured = run_capture()
-            except UnsupportedModelError:
-                # An island whose forward cannot run on fake tensors: its output shapes come
-                # from one eager run of the model on these inputs, then the capture runs again.
-                if not _islands.needs_example_run():
-                    raise
-                args, kwargs = pytree.tree_unflatten(flat, spec)
-                _islands.record(self.module, self.eager_modules, args, kwargs)
-                captured = run_capture()
+            def capture_with_islands() -> Captured:
+                try:
+                    return run_capture()
+                except UnsupportedModelError:
+                    # An island whose forward cannot run on fake tensors: its output shapes come
+                    # from one eager run of the model on these inputs, then the capture runs
+                    # again.
+                    if not _islands.needs_example_run():
+                        raise
+                    args, kwargs = pytree.tree_unflatten(flat, spec)
+                    _islands.record(self.module, self.eager_modules, args, kwargs)
+                    return run_capture()
+
+            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+            why = (
+                "the DeepSpeed stage-3 layout"
+                if self._zero_offload is not None
+                else _capture_process.unavailable(tensors)
+            )
+            what = f"{type(self.module).__name__} ({label})"
+            if why:
+                log("DEVINFO", f"capturing {what} in this process: {why}")
+            data = None if why else _capture_process.capture(capture_with_islands, t0, what)
+            if data is not None:
+                captured, _ = _cache.decode(data)
+            else:
+                captured = capture_with_islands()
+                data = _cache.encode(captured, time.perf_counter() - t0) if path else None
             self.captures += 1
-            if path:
-                _cache.save(path, captured, time.perf_counter() - t0)
+            if path and data is not None:
+                _cache.save(path, data)
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         params = dict(self.module.named_parameters(remove_duplicate=False))
         wants = []

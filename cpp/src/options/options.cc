@@ -87,6 +87,11 @@ std::vector<OptionSpec> Options::builtin_specs() {
       spec("cache_dir", T::kPath, "", "GRAPHTRAIN_CACHE_DIR",
            "Folder of the on-disk cache of captured graphs; empty disables the cache "
            "(GraphModule)."),
+      spec("capture_process", T::kBool, "1", "GRAPHTRAIN_CAPTURE_PROCESS",
+           "Capture in a forked child process, so torch.export, the ATen translators and the "
+           "onnx package (~45 MiB, and more while tracing) never load into the training process; "
+           "0 captures in this process, as GraphModule does off Linux, with CUDA initialized or "
+           "under torch.distributed (GraphModule)."),
       spec("fallback_policy", T::kEnum, "ATEN", "GRAPHTRAIN_FALLBACK_POLICY",
            "ATEN runs an op without a native kernel through PyTorch's kernel inside the graph "
            "(one warning names them); OFF raises an error naming the op and its "
