@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/denormals.h"
 #include "graphtrain/error.h"
 #include "graphtrain/session.h"
 #include "graphtrain/thread_pool.h"
@@ -139,6 +141,42 @@ TEST(ThreadPool, GlobalPoolRunsJobsInAChildOfForkAndExits) {
   sum = 0;
   pool.parallel_for(1 << 16, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });
   EXPECT_EQ(sum.load(), 1 << 16);  // the parent's pool is untouched
+}
+
+// A denormal result (2^-140) of normal operands, computed where the compiler cannot fold it.
+float denormal_product() {
+  volatile float a = 0x1p-70f, b = 0x1p-70f;
+  return a * b;
+}
+
+TEST(ThreadPool, WorkersTakeTheSubmittersDenormalMode) {
+  ASSERT_NE(denormal_product(), 0.0f);  // the thread's own mode keeps denormals
+  ThreadPool pool(3);
+  std::vector<float> got(3, -1.0f);
+  std::vector<std::thread::id> ran(3);
+  auto fill = [&](int64_t lo,
+                  int64_t hi) {  // three chunks, slow enough for each thread to take one
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int64_t i = lo; i < hi; ++i) {
+      got[static_cast<size_t>(i)] = denormal_product();
+      ran[static_cast<size_t>(i)] = std::this_thread::get_id();
+    }
+  };
+  {
+    FlushDenormals flush(true);
+    EXPECT_EQ(denormal_product(), 0.0f);
+    pool.parallel_for(3, 1, fill);
+  }
+  // Looked at after the scope: inside it, this thread reads a denormal as zero.
+  for (float v : got) EXPECT_EQ(v, 0.0f);  // every chunk, whichever thread ran it
+  ASSERT_NE(ran[0], ran[1]);               // workers ran chunks
+  EXPECT_NE(denormal_product(), 0.0f);     // restored when the scope closes
+  pool.parallel_for(3, 1, fill);
+  for (float v : got) EXPECT_NE(v, 0.0f);  // and the workers follow again
+  {
+    FlushDenormals keep(false);
+    EXPECT_NE(denormal_product(), 0.0f);
+  }
 }
 
 TEST(ThreadPool, ManyShortJobsFromSeveralThreadsWhileBusyAndIdle) {

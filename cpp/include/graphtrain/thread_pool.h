@@ -56,6 +56,7 @@ class ThreadPool {
   struct Job {
     const std::function<void(int64_t, int64_t)>* fn = nullptr;
     int64_t n = 0, chunk = 0, num_chunks = 0;
+    unsigned float_mode = 0;  // the submitter's (core/denormals.h): workers run the job in it
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> finished{0};
     std::exception_ptr error;

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "core/denormals.h"
 #include "graphtrain/log.h"
 #include "graphtrain/options.h"
 
@@ -113,6 +114,7 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   t_inside_pool = true;
   uint64_t seen = 0;
+  unsigned mode = float_mode();
   auto idle_since = std::chrono::steady_clock::now();
   for (;;) {
     // Announce first, then look: a submitter closes the door (writing_) and then waits for
@@ -127,6 +129,7 @@ void ThreadPool::worker_loop() {
     uint64_t g = generation_.load();
     if (g != seen) {
       seen = g;
+      if (job_.float_mode != mode) set_float_mode(mode = job_.float_mode);
       run_chunks();
       inside_.fetch_sub(1);
       idle_since = std::chrono::steady_clock::now();
@@ -169,6 +172,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   job.next.store(0);
   job.finished.store(0);
   job.error = nullptr;
+  job.float_mode = float_mode();
   generation_.fetch_add(1);  // publishes the job
   writing_.store(false);
   if (sleepers_.load() > 0) {

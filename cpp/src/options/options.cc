@@ -92,6 +92,11 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "onnx package (~45 MiB, and more while tracing) never load into the training process; "
            "0 captures in this process, as GraphModule does off Linux, with CUDA initialized or "
            "under torch.distributed (GraphModule)."),
+      spec("flush_denormals", T::kBool, "1", "GRAPHTRAIN_FLUSH_DENORMALS",
+           "Graph runs treat denormal floats (magnitudes below 1.2e-38) as zero (x86 FTZ/DAZ, "
+           "set for the run and restored after): arithmetic on them is 10-100x slower on Intel "
+           "CPUs, and a softmax or an optimizer's running averages make them; 0 keeps "
+           "them, as PyTorch does by default."),
       spec("fallback_policy", T::kEnum, "ATEN", "GRAPHTRAIN_FALLBACK_POLICY",
            "ATEN runs an op without a native kernel through PyTorch's kernel inside the graph "
            "(one warning names them); OFF raises an error naming the op and its "
