@@ -202,39 +202,61 @@ void layer_norm_grad(KernelContext& ctx) {
                                       std::vector<double>(static_cast<size_t>(cols), 0.0));
   std::vector<std::vector<double>> db = dw;
   int64_t chunk = (rows + threads - 1) / std::max(threads, 1);
+  // dScale and dBias gather in float over blocks of kBlock rows, 8 lanes at a time, and each
+  // block's sums into the thread's doubles.
+  constexpr int64_t kBlock = 32;
+  const float inv_n = 1.0f / static_cast<float>(cols);
   ctx.pool().parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> bw(static_cast<size_t>(cols)), bb(static_cast<size_t>(cols));
     for (int64_t t = t0; t < t1; ++t) {
       auto& dwt = dw[static_cast<size_t>(t)];
       auto& dbt = db[static_cast<size_t>(t)];
-      for (int64_t r = t * chunk; r < std::min(rows, (t + 1) * chunk); ++r) {
-        const float* gr = g + r * cols;
-        const float* xr = px + r * cols;
-        float mu = pm[r], iv = pi[r];
-        // sum of d = dy * scale and of d * xhat, 8 lanes at a time
-        vec::f8 acc_d{}, acc_dx{};
-        int64_t i = 0;
-        for (; i + 8 <= cols; i += 8) {
-          vec::f8 d = vec::load(gr + i) * vec::load(w + i);
-          acc_d += d;
-          acc_dx += d * ((vec::load(xr + i) - mu) * iv);
-        }
-        float sum_d = vec::lane_sum(acc_d), sum_dx = vec::lane_sum(acc_dx);
-        for (; i < cols; ++i) {
-          float d = gr[i] * w[i];
-          sum_d += d;
-          sum_dx += d * ((xr[i] - mu) * iv);
+      const int64_t end = std::min(rows, (t + 1) * chunk);
+      for (int64_t r0 = t * chunk; r0 < end; r0 += kBlock) {
+        std::fill(bw.begin(), bw.end(), 0.0f);
+        std::fill(bb.begin(), bb.end(), 0.0f);
+        for (int64_t r = r0; r < std::min(end, r0 + kBlock); ++r) {
+          const float* gr = g + r * cols;
+          const float* xr = px + r * cols;
+          const float mu = pm[r], iv = pi[r];
+          const vec::f8 mu8 = vec::splat(mu), iv8 = vec::splat(iv);
+          // sum of d = dy * scale and of d * xhat; dScale += dy * xhat, dBias += dy
+          vec::f8 acc_d{}, acc_dx{};
+          int64_t i = 0;
+          for (; i + 8 <= cols; i += 8) {
+            vec::f8 gi = vec::load(gr + i), xh = (vec::load(xr + i) - mu8) * iv8;
+            vec::f8 d = gi * vec::load(w + i);
+            acc_d += d;
+            acc_dx += d * xh;
+            vec::store(bw.data() + i, vec::load(bw.data() + i) + gi * xh);
+            vec::store(bb.data() + i, vec::load(bb.data() + i) + gi);
+          }
+          float sum_d = vec::lane_sum(acc_d), sum_dx = vec::lane_sum(acc_dx);
+          for (; i < cols; ++i) {
+            float xh = (xr[i] - mu) * iv, d = gr[i] * w[i];
+            sum_d += d;
+            sum_dx += d * xh;
+            bw[static_cast<size_t>(i)] += gr[i] * xh;
+            bb[static_cast<size_t>(i)] += gr[i];
+          }
+          if (!dx) continue;
+          float* dr = dx + r * cols;
+          const float* ar = acc ? acc + r * cols : nullptr;
+          const vec::f8 a8 = vec::splat(inv_n * sum_d), b8 = vec::splat(inv_n * sum_dx);
+          for (i = 0; i + 8 <= cols; i += 8) {
+            vec::f8 xh = (vec::load(xr + i) - mu8) * iv8;
+            vec::f8 d = iv8 * (vec::load(gr + i) * vec::load(w + i) - (a8 + xh * b8));
+            vec::store(dr + i, ar ? d + vec::load(ar + i) : d);
+          }
+          for (; i < cols; ++i) {
+            float xh = (xr[i] - mu) * iv;
+            float d = iv * (gr[i] * w[i] - (inv_n * sum_d + xh * (inv_n * sum_dx)));
+            dr[i] = ar ? d + ar[i] : d;
+          }
         }
         for (int64_t q = 0; q < cols; ++q) {
-          dwt[static_cast<size_t>(q)] += gr[q] * ((xr[q] - mu) * iv);
-          dbt[static_cast<size_t>(q)] += gr[q];
-        }
-        if (dx) {
-          float inv_n = 1.0f / static_cast<float>(cols);
-          for (int64_t i = 0; i < cols; ++i) {
-            float xh = (xr[i] - mu) * iv;
-            float d = iv * (gr[i] * w[i] - inv_n * (sum_d + xh * sum_dx));
-            dx[r * cols + i] = acc ? d + acc[r * cols + i] : d;
-          }
+          dwt[static_cast<size_t>(q)] += bw[static_cast<size_t>(q)];
+          dbt[static_cast<size_t>(q)] += bb[static_cast<size_t>(q)];
         }
       }
     }
