@@ -189,6 +189,7 @@ class FusedElementwise : public OpKernel {
           const float* p = in_data[static_cast<size_t>(i)] + off[static_cast<size_t>(i)];
           if (bc.inner_stride(static_cast<size_t>(i)) == 1) {
             reg[static_cast<size_t>(i)] = p + start;
+            for (int64_t q = 0; q < n; q += 16) vec::prefetch(p + start + q);  // 2 blocks ahead
           } else {  // broadcast along the inner dim: one value for the block
             float* s = scratch.data() + static_cast<size_t>(i) * kBlock;
             std::fill_n(s, n, p[0]);

