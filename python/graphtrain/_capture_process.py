@@ -76,7 +76,7 @@ def _picklable(x: Any) -> bool:
         return False
 
 
-def _child(capture: Callable[[], Captured], t0: float) -> dict:
+def _child(fn: Callable[[], Captured], t0: float) -> dict:
     """Runs in the child: the capture, encoded as the cache stores it, or what the parent does
     instead, with the child's log records, warnings and used-up log_once keys."""
     # Torch's OpenMP threads do not exist here: with more than one, its next parallel region
@@ -89,7 +89,7 @@ def _child(capture: Callable[[], Captured], t0: float) -> dict:
     answer: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:
         try:
-            captured = capture()
+            captured = fn()
             data = _cache.encode(captured, time.perf_counter() - t0)
             if data is None:
                 answer["in_process"] = "the capture cannot be stored"
@@ -136,8 +136,8 @@ def _read(fd: int, pid: int, what: str) -> bytes:
         chunks.append(chunk)
 
 
-def capture(capture: Callable[[], Captured], t0: float, what: str) -> bytes | None:
-    """Runs `capture` in a forked child and returns the capture encoded as the cache stores it,
+def capture(fn: Callable[[], Captured], t0: float, what: str) -> bytes | None:
+    """Runs `fn` in a forked child and returns the capture encoded as the cache stores it,
     or None when this process must capture itself (the reason is logged at INFO). Re-raises the
     child's graphtrain errors (UnsupportedModelError, GraphError, ...)."""
     for stream in (sys.stdout, sys.stderr):
@@ -158,7 +158,7 @@ def capture(capture: Callable[[], Captured], t0: float, what: str) -> bytes | No
         status = 1
         try:
             os.close(r)
-            payload = pickle.dumps(_child(capture, t0))
+            payload = pickle.dumps(_child(fn, t0))
             with os.fdopen(w, "wb") as out:
                 out.write(payload)
             status = 0

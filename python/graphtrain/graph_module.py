@@ -467,6 +467,8 @@ class GraphModule(torch.nn.Module):
         self._zero_offload = _deepspeed_layout(self.module)
         t0 = time.perf_counter()
         label = "train" if self.module.training else "eval"
+        what = f"{type(self.module).__name__} ({label})"
+        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         captured = None
         cache_dir = options()["cache_dir"].value
         path = ""
@@ -478,7 +480,7 @@ class GraphModule(torch.nn.Module):
                 captured, seconds = hit
                 log(
                     "INFO",
-                    f"loaded the captured graph of {type(self.module).__name__} ({label}) from {path}; "
+                    f"loaded the captured graph of {what} from {path}; "
                     f"capturing took {seconds:.2f} s",
                 )
         if captured is None:
@@ -517,13 +519,11 @@ class GraphModule(torch.nn.Module):
                     _islands.record(self.module, self.eager_modules, args, kwargs)
                     return run_capture()
 
-            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
             why = (
                 "the DeepSpeed stage-3 layout"
                 if self._zero_offload is not None
-                else _capture_process.unavailable(tensors)
+                else _capture_process.unavailable(tensors_in)
             )
-            what = f"{type(self.module).__name__} ({label})"
             if why:
                 log("DEVINFO", f"capturing {what} in this process: {why}")
             data = None if why else _capture_process.capture(capture_with_islands, t0, what)
@@ -535,7 +535,6 @@ class GraphModule(torch.nn.Module):
             self.captures += 1
             if path and data is not None:
                 _cache.save(path, data)
-        tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
         params = dict(self.module.named_parameters(remove_duplicate=False))
         wants = []
         for gi in captured.inputs:
