@@ -23,6 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._captured import OPSET, Captured, GraphInput
+from ._onnx_writer import metadata_entry
 from ._options import options
 from ._structure import leaf_from_json, leaf_to_json
 from .log import log, log_once
@@ -92,23 +93,9 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
 _METADATA_PROPS = 14  # ModelProto.metadata_props: StringStringEntryProto {key = 1, value = 2}
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _metadata_entry(key: str, value: str) -> bytes:
     """One ModelProto.metadata_props entry, to append to a serialized model."""
-    return _field(_METADATA_PROPS, _field(1, key.encode()) + _field(2, value.encode()))
+    return metadata_entry(_METADATA_PROPS, key, value)
 
 
 def _read_varint(data: bytes, i: int) -> tuple[int, int]:

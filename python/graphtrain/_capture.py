@@ -12,12 +12,11 @@ from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
-from onnx import TensorProto, helper, numpy_helper
 from torch.utils import _pytree as pytree
 
 from . import _aten, _fallback, _gather
+from . import _onnx_writer as proto
 from ._captured import OPSET, Captured, GraphInput, dynamic_dims
 from ._dtypes import TORCH_TO_NUMPY, TORCH_TO_ONNX
 from ._structure import TENSOR, ObjectLeaf, leaf_to_json, object_to_json
@@ -114,8 +113,8 @@ class Translator:
 
     def __init__(self, ep: torch.export.ExportedProgram) -> None:
         self.ep = ep
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
+        self.nodes: list[proto.Node] = []
+        self.initializers: list[proto.Tensor] = []
         self.values: dict[Any, Any] = {}
         self.buffer_of: dict[torch.fx.Node, str] = {}
         self.buffer_updates: dict[str, str] = {}
@@ -134,10 +133,9 @@ class Translator:
         self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any
     ) -> Any:
         outs = [self.fresh(op.lower()) for _ in range(n_out)]
-        node = helper.make_node(op, inputs, outs, name=self.fresh(op), domain=domain, **attrs)
+        node = proto.Node(op, inputs, outs, name=self.fresh(op), domain=domain, **attrs)
         if self.scope:
-            entry = node.metadata_props.add()
-            entry.key, entry.value = "graphtrain.scope", self.scope
+            node.metadata.append(("graphtrain.scope", self.scope))
         self.nodes.append(node)
         return outs[0] if n_out == 1 else outs
 
@@ -147,12 +145,12 @@ class Translator:
         if key is not None and key in self._consts:
             return self._consts[key]
         name = self.fresh("const")
-        self.initializers.append(numpy_helper.from_array(array, name))
+        self.initializers.append(proto.Tensor(array, name))
         if key is not None:
             self._consts[key] = name
         return name
 
-    def tensor_attr(self, name: str) -> TensorProto:
+    def tensor_attr(self, name: str) -> proto.Tensor:
         for init in self.initializers:
             if init.name == name:
                 return init
@@ -287,7 +285,7 @@ def _translate_body(t: Translator, gm: torch.fx.GraphModule, fallback: bool) -> 
 _CALLBACK_ROUTES = {"ATenOp": "ATen fallback", "PythonOp": "PythonOp", "Hook": "hook"}
 
 
-def _route(emitted: list[onnx.NodeProto]) -> str:
+def _route(emitted: list[proto.Node]) -> str:
     """How the nodes one FX node became run: natively, or through a callback into Python."""
     for n in emitted:
         if n.domain == "graphtrain" and n.op_type in _CALLBACK_ROUTES:
@@ -360,11 +358,9 @@ def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
     raise UnsupportedModelError(_unsupported_message(node, why))
 
 
-def _value_info(name: str, meta: Any) -> onnx.ValueInfoProto:
-    dims = []
-    for d in meta.shape:
-        dims.append(int(d) if isinstance(d, int) else str(d))
-    return helper.make_tensor_value_info(name, TORCH_TO_ONNX[meta.dtype], dims)
+def _value_info(name: str, meta: Any) -> bytes:
+    dims = [int(d) if isinstance(d, int) else str(d) for d in meta.shape]
+    return proto.value_info(name, TORCH_TO_ONNX[meta.dtype], dims)
 
 
 # torch.export is not thread-safe ("ProxyTorchDispatchMode slot already occupied"): one capture at a
@@ -423,7 +419,7 @@ def _writes_into_a_view(ep: Any) -> bool:
 def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captured:
     t = Translator(ep)
     sig = ep.graph_signature
-    graph_inputs: list[onnx.ValueInfoProto] = []
+    graph_inputs: list[bytes] = []
     inputs: list[GraphInput] = []
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     user_index = 0
@@ -475,14 +471,19 @@ def translate(ep: Any, record: dict, name: str, fallback: bool = True) -> Captur
     value_infos = [_value_info(o, val(n)) for o, n in zip(outputs, out_nodes)]
     updates = list(t.buffer_updates.items())
     for _, value in updates:
-        value_infos.append(helper.make_tensor_value_info(value, TensorProto.UNDEFINED, None))
+        value_infos.append(proto.value_info(value, 0, None))  # element type undefined
     _gather.count_uses(t.nodes)
-    graph = helper.make_graph(t.nodes, name, graph_inputs, value_infos, initializer=t.initializers)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("graphtrain", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
+    model = proto.model(
+        t.nodes,
+        name,
+        graph_inputs,
+        value_infos,
+        t.initializers,
+        opsets=[("", OPSET), ("graphtrain", 1)],
+        ir_version=10,
+    )
     return Captured(
-        model=model.SerializeToString(),
+        model=model,
         inputs=inputs,
         outputs=outputs,
         output_float=output_float,

@@ -1,6 +1,6 @@
 """What a capture hands to the run time: the graph as serialized ONNX, and how a call's arguments
 and outputs map onto it. Light on purpose: a graph loaded from the cache runs without torch.export,
-the ATen translators or the onnx package (together ~45 MiB of the training process's memory)."""
+the ATen translators or the onnx package."""
 
 from __future__ import annotations
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _callbacks
+from ._onnx_writer import Attribute, Node
 from ._translate import register_translator
-
-if TYPE_CHECKING:
-    import onnx
 
 LAYOUT_ATTR = "_graphtrain_sharding"
 
@@ -83,16 +81,15 @@ def _translate(n: torch.fx.Node, t: Any) -> str:
 register_translator(GATHER_OP, _translate)
 
 
-def count_uses(graph_nodes: list[onnx.NodeProto]) -> None:
+def count_uses(graph_nodes: list[Node]) -> None:
     """Sets `uses` on each ShardGather of a captured graph: how many gathers of its group the graph
     has (a tied parameter read by two modules has two), so that the layout knows when a group's
     gradient is whole."""
     nodes = [n for n in graph_nodes if n.op_type == "ShardGather"]
     if not nodes:
         return
-    from onnx import helper
 
-    def attr(n: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
+    def attr(n: Node, name: str) -> Attribute | None:
         return next((a for a in n.attribute if a.name == name), None)
 
     uses = Counter(attr(n, "group").i for n in nodes)  # type: ignore[union-attr]
@@ -102,7 +99,7 @@ def count_uses(graph_nodes: list[onnx.NodeProto]) -> None:
         if existing is not None:
             existing.i = count
         else:
-            n.attribute.append(helper.make_attribute("uses", count))
+            n.attribute.append(Attribute("uses", count))
 
 
 # ---- run time: the ShardGather / ShardGatherGrad handlers -----------------------------------------

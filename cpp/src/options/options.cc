@@ -88,8 +88,8 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "Folder of the on-disk cache of captured graphs; empty disables the cache "
            "(GraphModule)."),
       spec("capture_process", T::kBool, "1", "GRAPHTRAIN_CAPTURE_PROCESS",
-           "Capture in a forked child process, so torch.export, the ATen translators and the "
-           "onnx package (~45 MiB, and more while tracing) never load into the training process; "
+           "Capture in a forked child process, so torch.export and the ATen translators (~30 MiB "
+           "with what a trace allocates) never load into the training process; "
            "0 captures in this process, as GraphModule does off Linux, with CUDA initialized or "
            "under torch.distributed (GraphModule)."),
       spec("flush_denormals", T::kBool, "1", "GRAPHTRAIN_FLUSH_DENORMALS",
