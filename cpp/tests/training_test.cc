@@ -62,6 +62,29 @@ TEST(Autodiff, EachLayerWeightGradientBeforeTheLayerBelow) {
   }
 }
 
+// A Transpose the backward reads (attention's per-head q, k, v) is recomputed there from its
+// input rather than stashed, so that both graphs can fold it into their GEMMs.
+TEST(Autodiff, TransposesAreRecomputedInTheBackwardNotStashed) {
+  Graph g;
+  g.name = "heads";
+  g.opset_imports[""] = 18;
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3), SymDim(4)}});
+  Value* w = g.add_input("W", {DType::kFloat32, SymShape{SymDim(2), SymDim(4), SymDim(4)}});
+  Node* t = g.add_node("Transpose", {x}, {"xt"});
+  t->attributes["perm"] = Attribute::of(std::vector<int64_t>{0, 2, 1});
+  Value* y = g.add_op("MatMul", {w, t->outputs()[0]});
+  Node* sum = g.add_node("ReduceSum", {g.add_op("Mul", {y, y})}, {"loss"});
+  sum->attributes["keepdims"] = Attribute::of(int64_t{0});
+  g.add_output(sum->outputs()[0]);
+  GradientGraphs gg = build_gradient_graphs(g, {{"loss"}, true, {"W"}});
+  EXPECT_EQ(std::count(gg.stashed.begin(), gg.stashed.end(), "xt"), 0);
+  EXPECT_EQ(std::count(gg.stashed.begin(), gg.stashed.end(), "x"), 1);  // the same bytes instead
+  bool recomputed = false;
+  for (const Node* n : gg.backward.nodes())
+    if (n->op_type == "Transpose" && n->input(0)->name() == "x") recomputed = true;
+  EXPECT_TRUE(recomputed);
+}
+
 TEST(TrainingSession, LossFallsAndCheckpointsRoundTrip) {
   TrainingConfig cfg;
   cfg.optimizer.lr = 0.05;

@@ -146,6 +146,42 @@ std::vector<Node*> regather_in_backward(Graph& g, const std::vector<Node*>& bwd,
   return out;
 }
 
+// A forward Transpose whose output the backward reads is recomputed in the backward from its input
+// instead of stashed: the stash holds the input (the same bytes), and in both graphs the
+// Transposes are then read by GEMMs alone and fold into them (fold_transposes) instead of being
+// copied in the forward: attention's per-head q, k and v. Returns `bwd` with the new nodes placed
+// just before their first readers.
+std::vector<Node*> transpose_in_backward(Graph& g, const std::vector<Node*>& bwd,
+                                         const std::unordered_set<const Value*>& grad_inputs) {
+  std::unordered_set<const Node*> in_bwd(bwd.begin(), bwd.end());
+  std::unordered_map<const Value*, Value*> again;  // forward Transpose output -> its recomputation
+  std::vector<Node*> out;
+  for (Node* n : bwd) {
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      Value* in = n->input(i);
+      Node* p = in ? in->producer() : nullptr;
+      if (!p || grad_inputs.count(in) || in_bwd.count(p) || p->op_type != "Transpose" ||
+          !p->domain.empty())
+        continue;
+      auto it = again.find(in);
+      if (it == again.end()) {
+        Node* copy = g.add_node("Transpose", {p->input(0)}, {g.unique_name(in->name() + "_again")},
+                                "", p->name + "_again");
+        copy->attributes = p->attributes;
+        copy->scope = p->scope;
+        copy->output(0)->type = in->type;
+        copy->output(0)->sym_value = in->sym_value;
+        in_bwd.insert(copy);
+        out.push_back(copy);
+        it = again.emplace(in, copy->output(0)).first;
+      }
+      g.replace_input(n, i, it->second);
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- the builder --------------------------------------------------------------------------------
@@ -477,6 +513,7 @@ GradientGraphs build_gradient_graphs(const Graph& forward, const GradientRequest
   }
   std::unordered_set<const Value*> grad_input_set(grad_inputs.begin(), grad_inputs.end());
   bwd = regather_in_backward(g, bwd, grad_input_set);
+  bwd = transpose_in_backward(g, bwd, grad_input_set);
   // Stashed values: read by the backward graph, produced by the forward one (or its inputs).
   std::unordered_set<const Node*> bwd_set(bwd.begin(), bwd.end());
   std::vector<Value*> stashed;
