@@ -73,6 +73,42 @@ TEST(VecDispatch, WideLoopsMatchTheScalarFormulas) {
 // exp against the C library over the float range, 1 ulp or better; results that would fall
 // below FLT_MIN are 0 (the clamped lanes compute a normal float, never a subnormal one) and
 // those past the overflow threshold infinity.
+// vec_softmax_row (rows held in registers up to 4 vectors, then the looped form) and
+// vec_softmax_grad_row against double-precision formulas: every length class, a mask that runs
+// along the row, one mask value for the row, no mask, and masked-out (-inf) entries.
+TEST(VecDispatch, SoftmaxRowsMatchTheFormula) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 5, 8, 16, 24, 32, 48, 64, 80, 100}) {
+    std::vector<float> x(static_cast<size_t>(n)), m(x.size()), g(x.size()), y(x.size()),
+        dx(x.size());
+    for (int64_t i = 0; i < n; ++i) {
+      x[static_cast<size_t>(i)] = std::sin(0.9f * static_cast<float>(i)) * 4.0f;
+      m[static_cast<size_t>(i)] = i % 3 == 2 ? -inf : 0.25f * static_cast<float>(i % 4);
+      g[static_cast<size_t>(i)] = std::cos(0.4f * static_cast<float>(i));
+    }
+    for (int mode = 0; mode < 3; ++mode) {  // mask along the row, one value, none
+      const float scale = 0.35f;
+      const float* mp = mode == 2 ? nullptr : m.data();
+      vec_softmax_row(x.data(), mp, mode == 0, scale, y.data(), n);
+      std::vector<double> z(x.size());
+      double mx = -inf, sum = 0;
+      for (size_t i = 0; i < z.size(); ++i) {
+        z[i] = x[i] * double{scale} + (mode == 0 ? m[i] : mode == 1 ? m[0] : 0.0);
+        mx = std::max(mx, z[i]);
+      }
+      for (double& v : z) sum += v = std::exp(v - mx);
+      double dot = 0;
+      for (size_t i = 0; i < z.size(); ++i) {
+        EXPECT_NEAR(y[i], z[i] / sum, 2e-7) << "n " << n << " mode " << mode << " i " << i;
+        dot += g[i] * double{y[i]};
+      }
+      vec_softmax_grad_row(g.data(), y.data(), scale, dx.data(), n);
+      for (size_t i = 0; i < z.size(); ++i)
+        EXPECT_NEAR(dx[i], scale * y[i] * (g[i] - dot), 1e-6) << "n " << n << " i " << i;
+    }
+  }
+}
+
 TEST(VecMath, ExpWithinOneUlp) {
   auto ulps = [](float a, float b) {
     int32_t ia, ib;

@@ -83,27 +83,8 @@ void fused_softmax(KernelContext& ctx) {
   const float* px = x.data<float>();
   const float* pm = mask ? mask->data<float>() : nullptr;
   float* py = y.data<float>();
-  const vec::f8 s8 = vec::splat(scale);
-  // One line: y = softmax(x * scale + m), m a run of the mask or (mask_runs false) one value.
   auto line = [&](const float* xr, float* yr, const float* mr) {
-    // z into y, 8 lanes at a time (the compiler does not vectorize loops whose pointers may
-    // alias), then the softmax of y in place.
-    int64_t i = 0;
-    if (mr && mask_runs) {
-      for (; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(xr + i) * s8 + vec::load(mr + i));
-      for (; i < n; ++i) yr[i] = xr[i] * scale + mr[i];
-    } else {
-      const float add = mr ? mr[0] : 0.0f;
-      const vec::f8 a8 = vec::splat(add);
-      for (; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(xr + i) * s8 + a8);
-      for (; i < n; ++i) yr[i] = xr[i] * scale + add;
-    }
-    float mx = vec::max(yr, n);
-    if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
-    float inv = 1.0f / vec_exp_sum(yr, yr, n, mx);
-    const vec::f8 inv8 = vec::splat(inv);
-    for (i = 0; i + 8 <= n; i += 8) vec::store(yr + i, vec::load(yr + i) * inv8);
-    for (; i < n; ++i) yr[i] *= inv;
+    vec_softmax_row(xr, mr, mask_runs, scale, yr, n);
   };
   parallel_for(ctx, x.numel() / n, n * 8, [&](int64_t lo, int64_t hi) {
     int64_t off[2] = {0, 0};
@@ -202,16 +183,8 @@ void softmax_grad(KernelContext& ctx) {
   parallel_for(ctx, y.numel() / n, n * 4, [&](int64_t lo, int64_t hi) {
     for (int64_t l = lo; l < hi; ++l) {
       int64_t base = (l / inner) * n * inner + l % inner;
-      if (!kLog && inner == 1) {  // the last axis: 8 lanes
-        const float* gr = g + base;
-        const float* yr = py + base;
-        float* orow = o + base;
-        vec::f8 acc{};
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) acc += vec::load(gr + i) * vec::load(yr + i);
-        float dot = vec::lane_sum(acc);
-        for (; i < n; ++i) dot += gr[i] * yr[i];
-        for (i = 0; i < n; ++i) orow[i] = scale * (yr[i] * (gr[i] - dot));
+      if (!kLog && inner == 1) {  // the last axis: whole vectors
+        vec_softmax_grad_row(g + base, py + base, scale, o + base, n);
         continue;
       }
       float dot = 0;

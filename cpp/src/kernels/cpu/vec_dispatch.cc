@@ -8,6 +8,8 @@ namespace graphtrain::cpu {
 namespace avx512 {  // vec_dispatch_avx512.cc
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
+void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
+void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
 }  // namespace avx512
 
 bool vec_uses_avx512() {
@@ -33,6 +35,21 @@ float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale)
   if (vec_uses_avx512()) return avx512::exp_sum(x, y, n, shift, scale);
 #endif
   return vec::exp_sum<vec::f8>(x, y, n, shift, scale);
+}
+
+void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y,
+                     int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::softmax_row(x, m, m_runs, scale, y, n);
+#endif
+  vec::softmax_row<vec::f8>(x, m, m_runs, scale, y, n);
+}
+
+void vec_softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::softmax_grad_row(dy, y, scale, dx, n);
+#endif
+  vec::softmax_grad_row<vec::f8>(dy, y, scale, dx, n);
 }
 
 }  // namespace graphtrain::cpu

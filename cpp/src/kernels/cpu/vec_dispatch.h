@@ -25,6 +25,12 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift).
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
 
+// y = softmax(x * scale + m) over n floats; m: n values (m_runs), one value for the row, or null.
+void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
+
+// dx = scale * y * (dy - sum(dy * y)) over n floats (softmax's gradient along a row).
+void vec_softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
+
 // Whether vec_apply runs on AVX-512 here.
 bool vec_uses_avx512();
 

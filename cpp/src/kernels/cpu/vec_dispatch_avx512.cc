@@ -14,5 +14,13 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }
 
+void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n) {
+  vec::softmax_row<vec::f16>(x, m, m_runs, scale, y, n);
+}
+
+void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n) {
+  vec::softmax_grad_row<vec::f16>(dy, y, scale, dx, n);
+}
+
 }  // namespace graphtrain::cpu::avx512
 #endif

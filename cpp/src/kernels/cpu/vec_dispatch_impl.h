@@ -53,14 +53,88 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
     acc += e;
     store_as(y + i, e * scale);
   }
-  float s = 0;
-  for (int64_t k = 0; k < kLanes; ++k) s += acc[k];
+  float s = lanes_sum(acc);
   for (; i < n; ++i) {
     float e = exp(x[i] - shift);
     s += e;
     y[i] = e * scale;
   }
   return s;
+}
+
+// A row of K vectors held in registers: z = x * scale + mask, its max, exp and normalization, one
+// read of x and one write of y.
+template <typename V, int K>
+void softmax_row_in_registers(const float* x, const float* m, bool runs, float add, float scale,
+                              float* y) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V z[K];
+  V top = V{} - INFINITY;
+  for (int k = 0; k < K; ++k) {
+    z[k] = load_as<V>(x + k * kLanes) * scale + (runs ? load_as<V>(m + k * kLanes) : V{} + add);
+    top = z[k] > top ? z[k] : top;
+  }
+  float mx = lanes_max(top);
+  if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
+  V total{};
+  for (int k = 0; k < K; ++k) {
+    z[k] = exp(z[k] - mx);
+    total += z[k];
+  }
+  const float inv = 1.0f / lanes_sum(total);
+  for (int k = 0; k < K; ++k) store_as(y + k * kLanes, z[k] * inv);
+}
+
+template <typename V>
+void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  const bool runs = m && m_runs;
+  const float add = m && !m_runs ? m[0] : 0.0f;
+  if (n % kLanes == 0) {  // attention's rows (64 keys: 4 vectors of 16)
+    switch (n / kLanes) {
+      case 1:
+        return softmax_row_in_registers<V, 1>(x, m, runs, add, scale, y);
+      case 2:
+        return softmax_row_in_registers<V, 2>(x, m, runs, add, scale, y);
+      case 3:
+        return softmax_row_in_registers<V, 3>(x, m, runs, add, scale, y);
+      case 4:
+        return softmax_row_in_registers<V, 4>(x, m, runs, add, scale, y);
+      default:
+        break;
+    }
+  }
+  V top = V{} - INFINITY;
+  float tail_top = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    V z = load_as<V>(x + i) * scale + (runs ? load_as<V>(m + i) : V{} + add);
+    store_as(y + i, z);
+    top = z > top ? z : top;
+  }
+  for (; i < n; ++i) {
+    y[i] = x[i] * scale + (runs ? m[i] : add);
+    tail_top = y[i] > tail_top ? y[i] : tail_top;
+  }
+  float mx = std::max(lanes_max(top), tail_top);
+  if (std::isinf(mx) && mx < 0) mx = 0;
+  const float inv = 1.0f / exp_sum<V>(y, y, n, mx, 1.0f);
+  for (i = 0; i + kLanes <= n; i += kLanes) store_as(y + i, load_as<V>(y + i) * inv);
+  for (; i < n; ++i) y[i] *= inv;
+}
+
+// dx = scale * y * (dy - sum(dy * y)) over n floats: softmax's gradient along a row.
+template <typename V>
+void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V acc{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load_as<V>(dy + i) * load_as<V>(y + i);
+  float dot = lanes_sum(acc);
+  for (; i < n; ++i) dot += dy[i] * y[i];
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    store_as(dx + i, (load_as<V>(y + i) * (load_as<V>(dy + i) - dot)) * scale);
+  for (; i < n; ++i) dx[i] = (y[i] * (dy[i] - dot)) * scale;
 }
 
 }  // namespace GRAPHTRAIN_VEC_ISA

@@ -223,6 +223,30 @@ inline float lane_sum(f8 acc) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// The lanes of an 8- or 16-lane vector added pairwise, and their largest.
+template <typename V>
+inline float lanes_sum(V v) {
+  if constexpr (sizeof(V) == 64)
+    return lane_sum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  else
+    return lane_sum(v);
+}
+template <typename V>
+inline float lanes_max(V v) {
+  f8 m;
+  if constexpr (sizeof(V) == 64) {
+    f8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    f8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    m = hi > lo ? hi : lo;
+  } else {
+    m = v;
+  }
+  float r = m[0];
+  for (int j = 1; j < 8; ++j) r = m[j] > r ? m[j] : r;
+  return r;
+}
+
 // Reductions over n floats, 8 lanes at a time (the order of additions is fixed by n alone).
 inline float sum(const float* x, int64_t n) {
   f8 acc = f8{};
