@@ -506,9 +506,10 @@ def test_gradient_matches_finite_differences(case):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("weighted, ignore", [(False, None), (True, 1)])
-def test_softmax_cross_entropy_gradient(reduction, weighted, ignore):
-    scores = randn(6, 5, 2)
-    labels = rng.integers(0, 5, (6, 2)).astype(np.int64)
+@pytest.mark.parametrize("spatial", [(2,), ()])  # classes strided, or contiguous (vectorized)
+def test_softmax_cross_entropy_gradient(reduction, weighted, ignore, spatial):
+    scores = randn(6, 5, *spatial)
+    labels = rng.integers(0, 5, (6, *spatial)).astype(np.int64)
     w = np.abs(randn(5)) + 0.1 if weighted else None
     attrs = {"reduction": reduction}
     if ignore is not None:

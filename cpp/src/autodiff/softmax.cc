@@ -13,7 +13,10 @@ void softmax_cross_entropy(Ctx& c) {
   const Node& n = c.node();
   attrs["reduction"] = Attribute::of(n.attr_string("reduction", "mean"));
   if (n.has_attr("ignore_index")) attrs["ignore_index"] = int_attr(n.attr_int("ignore_index", 0));
-  std::vector<Value*> ins = {c.output_grad(0), c.output(1), c.input(1)};
+  // The gradient reads the scores, not log_prob: the forward then writes log_prob only where
+  // something else reads it.
+  attrs["from_scores"] = int_attr(1);
+  std::vector<Value*> ins = {c.output_grad(0), c.input(0), c.input(1)};
   if (c.input(2)) ins.push_back(c.input(2));
   c.set_grad(0, c.op("SoftmaxCrossEntropyLossGrad", ins, attrs, GT));
 }

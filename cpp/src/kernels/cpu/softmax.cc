@@ -100,6 +100,26 @@ void fused_softmax(KernelContext& ctx) {
   });
 }
 
+// exp(x - max) of one line of n scores spaced `stride` apart into e (contiguous), and their sum;
+// returns the max (0 for a line of -inf, whose sum is then 0).
+float exp_line(const float* x, int64_t n, int64_t stride, float* e, float* sum) {
+  float mx = -std::numeric_limits<float>::infinity();
+  if (stride == 1) {
+    mx = vec::max(x, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
+  }
+  if (std::isinf(mx) && mx < 0) mx = 0;
+  if (stride == 1) {
+    *sum = vec_exp_sum(x, e, n, mx);
+  } else {
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += e[i] = vec::exp(x[i * stride] - mx);
+    *sum = s;
+  }
+  return mx;
+}
+
 void softmax_cross_entropy(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
   const Tensor& labels_t = ctx.input(1);
@@ -122,15 +142,23 @@ void softmax_cross_entropy(KernelContext& ctx) {
   int64_t ignore = ctx.node().attr_int("ignore_index", 0);
   std::string reduction = ctx.node().attr_string("reduction", "mean");
 
-  // log_prob in [N, C, spatial] layout.
-  Tensor& logp = ctx.allocate_output(1, DType::kFloat32, scores.shape());
+  // The log-sum-exp of each item's scores; log_prob (scores - lse, in [N, C, spatial] layout) only
+  // when something reads it: the gradient reads the scores (4 MB of a GPT's logits not written).
   const float* ps = scores.data<float>();
-  float* pl = logp.data<float>();
+  float* pl = ctx.output_requested(1)
+                  ? ctx.allocate_output(1, DType::kFloat32, scores.shape()).data<float>()
+                  : nullptr;
+  std::vector<float> lse(static_cast<size_t>(n * spatial));
   parallel_for(ctx, n * spatial, c * 4, [&](int64_t lo, int64_t hi) {
+    std::vector<float> e(static_cast<size_t>(c));
     for (int64_t l = lo; l < hi; ++l) {
       int64_t i = l / spatial, s = l % spatial;
       int64_t base = i * c * spatial + s;
-      softmax_line<true>(ps + base, pl + base, c, spatial);
+      float sum = 0;
+      float mx = exp_line(ps + base, c, spatial, e.data(), &sum);
+      float v = lse[static_cast<size_t>(l)] = mx + std::log(sum);
+      if (pl)
+        for (int64_t k = 0; k < c; ++k) pl[base + k * spatial] = ps[base + k * spatial] - v;
     }
   });
   std::vector<float> loss(static_cast<size_t>(n * spatial));
@@ -146,7 +174,8 @@ void softmax_cross_entropy(KernelContext& ctx) {
       if (label < 0 || label >= c)
         ctx.fail(str_cat("label ", label, " at position ", idx, " is outside [0, ", c, ")"));
       float wl = w ? w[label] : 1.0f;
-      loss[static_cast<size_t>(idx)] = -wl * pl[(i * c + label) * spatial + s];
+      loss[static_cast<size_t>(idx)] =
+          -wl * (ps[(i * c + label) * spatial + s] - lse[static_cast<size_t>(idx)]);
       weight_sum += wl;
     }
   if (reduction == "none") {
@@ -198,9 +227,12 @@ void softmax_grad(KernelContext& ctx) {
   });
 }
 
+// SoftmaxCrossEntropyLossGrad(dloss, log_prob or scores (from_scores=1), labels, weights?): the
+// gradient of the scores, coef * (softmax - onehot(label)).
 void sce_grad(KernelContext& ctx) {
   const Tensor& dloss = ctx.input(0);
   const Tensor& logp = ctx.input(1);
+  const bool from_scores = ctx.node().attr_int("from_scores", 0) != 0;
   std::vector<int64_t> labels = ctx.input(2).to_int64_vector();
   const float* w = ctx.has_input(3) ? ctx.input(3).data<float>() : nullptr;
   std::string reduction = ctx.node().attr_string("reduction", "mean");
@@ -217,6 +249,7 @@ void sce_grad(KernelContext& ctx) {
   const float* dl = dloss.data<float>();
   float* o = dx.data<float>();
   parallel_for(ctx, n * spatial, c * 2, [&](int64_t lo, int64_t hi) {
+    std::vector<float> e(from_scores && spatial != 1 ? static_cast<size_t>(c) : 0);
     for (int64_t item = lo; item < hi; ++item) {
       int64_t i = item / spatial, s = item % spatial;
       int64_t label = labels[static_cast<size_t>(item)];
@@ -235,15 +268,28 @@ void sce_grad(KernelContext& ctx) {
         float* row = o + i * c;
         if (skip) {
           std::fill(row, row + c, 0.0f);
+        } else if (from_scores) {  // exp(x - max) into the row, then scaled by coef / sum
+          float sum = 0;
+          exp_line(lp + i * c, c, 1, row, &sum);
+          const float k = coef / sum;
+          vec::map(row, row, c, [k](auto x) { return x * k; });
+          row[label] -= coef;
         } else {
           vec_exp_sum(lp + i * c, row, c, 0.0f, coef);  // coef * exp(log_prob)
           row[label] -= coef;
         }
         continue;
       }
+      float inv = 0;  // softmax = e[k] * inv, from the scores
+      if (from_scores && !skip) {
+        float sum = 0;
+        exp_line(lp + i * c * spatial + s, c, spatial, e.data(), &sum);
+        inv = 1.0f / sum;
+      }
       for (int64_t k = 0; k < c; ++k) {
         int64_t at = (i * c + k) * spatial + s;
-        o[at] = skip ? 0.0f : coef * (vec::exp(lp[at]) - (k == label ? 1.0f : 0.0f));
+        float p = from_scores ? e[static_cast<size_t>(k)] * inv : vec::exp(lp[at]);
+        o[at] = skip ? 0.0f : coef * (p - (k == label ? 1.0f : 0.0f));
       }
     }
   });

@@ -318,12 +318,23 @@ inline float dot_centered(const float* g, const float* x, int64_t n, float c) {
 
 // The largest of n floats, NaNs ignored (like std::max(max, x) in a loop); -inf when none.
 inline float max(const float* x, int64_t n) {
-  f8 acc = splat(-INFINITY);
+  // Four running maxima, so that the compares do not wait on one another.
+  f8 acc = splat(-INFINITY), a1 = acc, a2 = acc, a3 = acc;
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    f8 v0 = load(x + i), v1 = load(x + i + 8), v2 = load(x + i + 16), v3 = load(x + i + 24);
+    acc = v0 > acc ? v0 : acc;
+    a1 = v1 > a1 ? v1 : a1;
+    a2 = v2 > a2 ? v2 : a2;
+    a3 = v3 > a3 ? v3 : a3;
+  }
   for (; i + 8 <= n; i += 8) {
     f8 v = load(x + i);
     acc = v > acc ? v : acc;
   }
+  acc = a1 > acc ? a1 : acc;
+  a2 = a3 > a2 ? a3 : a2;
+  acc = a2 > acc ? a2 : acc;
   float m = acc[0];
   for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
