@@ -83,6 +83,25 @@ TEST(Autodiff, TransposesAreRecomputedInTheBackwardNotStashed) {
   for (const Node* n : gg.backward.nodes())
     if (n->op_type == "Transpose" && n->input(0)->name() == "x") recomputed = true;
   EXPECT_TRUE(recomputed);
+
+  // Read in the backward by an op that cannot fold it (here Mul's gradient), it stays stashed.
+  Graph h;
+  h.name = "square";
+  h.opset_imports[""] = 18;
+  Value* a = h.add_input("a", {DType::kFloat32, SymShape{SymDim(3), SymDim(4)}});
+  Node* ta = h.add_node("Transpose", {a}, {"at"});
+  ta->attributes["perm"] = Attribute::of(std::vector<int64_t>{1, 0});
+  Value* at = ta->outputs()[0];
+  Node* loss = h.add_node("ReduceSum", {h.add_op("Mul", {at, at})}, {"loss"});
+  loss->attributes["keepdims"] = Attribute::of(int64_t{0});
+  h.add_output(loss->outputs()[0]);
+  GradientGraphs hg = build_gradient_graphs(h, {{"loss"}, true, {"a"}});
+  EXPECT_EQ(std::count(hg.stashed.begin(), hg.stashed.end(), "at"), 1);
+  for (const Node* n : hg.backward.nodes()) {
+    if (n->op_type == "Transpose") {
+      EXPECT_NE(n->input(0)->name(), "a") << n->name;
+    }
+  }
 }
 
 TEST(TrainingSession, LossFallsAndCheckpointsRoundTrip) {

@@ -76,7 +76,7 @@ class Tensor:
         self.name = name
         self.dims = [int(d) for d in array.shape]
         self.data_type = code
-        self.raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        self.raw = np.asarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()  # C order
 
     def encode(self) -> bytes:
         out = [_int_field(1, d) for d in self.dims]

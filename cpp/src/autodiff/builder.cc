@@ -146,22 +146,35 @@ std::vector<Node*> regather_in_backward(Graph& g, const std::vector<Node*>& bwd,
   return out;
 }
 
-// A forward Transpose whose output the backward reads is recomputed in the backward from its input
-// instead of stashed: the stash holds the input (the same bytes), and in both graphs the
-// Transposes are then read by GEMMs alone and fold into them (fold_transposes) instead of being
-// copied in the forward: attention's per-head q, k and v. Returns `bwd` with the new nodes placed
-// just before their first readers.
+// A forward Transpose whose output only GEMMs of the backward read is recomputed in the backward
+// from its input instead of stashed: the stash holds the input (the same bytes), and in both
+// graphs the Transposes are then read by GEMMs alone and fold into them (fold_transposes) instead
+// of being copied in the forward: attention's per-head q, k and v. (Read by another op, as
+// scaled_dot_product_attention's Attention, it would be one more copy: it stays stashed.) Returns
+// `bwd` with the new nodes placed just before their first readers.
 std::vector<Node*> transpose_in_backward(Graph& g, const std::vector<Node*>& bwd,
                                          const std::unordered_set<const Value*>& grad_inputs) {
   std::unordered_set<const Node*> in_bwd(bwd.begin(), bwd.end());
+  // A graph output is computed and held anyway: stashing it costs nothing.
+  std::unordered_set<const Value*> outputs(g.outputs().begin(), g.outputs().end());
+  auto gemm = [](const Node* n) {
+    return (n->op_type == "MatMul" && n->domain.empty()) ||
+           (n->op_type == "FusedMatMul" && n->domain == kGraphtrainDomain);
+  };
+  auto gemms_read_in_backward = [&](const Value* v) {
+    for (const auto& [reader, slot] : v->uses())
+      if (in_bwd.count(reader) && !gemm(reader)) return false;
+    return true;
+  };
   std::unordered_map<const Value*, Value*> again;  // forward Transpose output -> its recomputation
   std::vector<Node*> out;
   for (Node* n : bwd) {
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       Value* in = n->input(i);
       Node* p = in ? in->producer() : nullptr;
-      if (!p || grad_inputs.count(in) || in_bwd.count(p) || p->op_type != "Transpose" ||
-          !p->domain.empty())
+      if (!p || grad_inputs.count(in) || outputs.count(in) || in_bwd.count(p) ||
+          p->op_type != "Transpose" || !p->domain.empty() ||
+          (!again.count(in) && !gemms_read_in_backward(in)))
         continue;
       auto it = again.find(in);
       if (it == again.end()) {
