@@ -332,17 +332,23 @@ void concat(KernelContext& ctx) {
   size_t es = dtype_size(first.dtype());
   int64_t out_row = out_shape[static_cast<size_t>(axis)] * inner * static_cast<int64_t>(es);
   char* dst = static_cast<char*>(out.raw_data());
-  int64_t offset = 0;
+  // One pass over the output's rows, each written whole from its pieces in order.
+  std::vector<const char*> srcs;
+  std::vector<int64_t> rows;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
     const Tensor& t = ctx.input(i);
-    int64_t row = t.dim(static_cast<size_t>(axis)) * inner * static_cast<int64_t>(es);
-    const char* src = static_cast<const char*>(t.raw_data());
-    parallel_for(ctx, outer, row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t o = lo; o < hi; ++o)
-        std::memcpy(dst + o * out_row + offset, src + o * row, static_cast<size_t>(row));
-    });
-    offset += row;
+    srcs.push_back(static_cast<const char*>(t.raw_data()));
+    rows.push_back(t.dim(static_cast<size_t>(axis)) * inner * static_cast<int64_t>(es));
   }
+  parallel_for(ctx, outer, out_row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o) {
+      char* d = dst + o * out_row;
+      for (size_t i = 0; i < srcs.size(); ++i) {
+        std::memcpy(d, srcs[i] + o * rows[i], static_cast<size_t>(rows[i]));
+        d += rows[i];
+      }
+    }
+  });
 }
 
 void split(KernelContext& ctx) {
@@ -373,19 +379,24 @@ void split(KernelContext& ctx) {
   size_t es = dtype_size(x.dtype());
   int64_t in_row = dim * inner * static_cast<int64_t>(es);
   const char* src = static_cast<const char*>(x.raw_data());
-  int64_t offset = 0;
+  std::vector<char*> dsts;
+  std::vector<int64_t> rows;
   for (size_t i = 0; i < n; ++i) {
     Shape s = x.shape();
     s[static_cast<size_t>(axis)] = sizes[i];
-    Tensor& out = ctx.allocate_output(i, x.dtype(), s);
-    int64_t row = sizes[i] * inner * static_cast<int64_t>(es);
-    char* dst = static_cast<char*>(out.raw_data());
-    parallel_for(ctx, outer, row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t o = lo; o < hi; ++o)
-        std::memcpy(dst + o * row, src + o * in_row + offset, static_cast<size_t>(row));
-    });
-    offset += row;
+    dsts.push_back(static_cast<char*>(ctx.allocate_output(i, x.dtype(), s).raw_data()));
+    rows.push_back(sizes[i] * inner * static_cast<int64_t>(es));
   }
+  // One pass over the input's rows, each read whole into its pieces in order.
+  parallel_for(ctx, outer, in_row / static_cast<int64_t>(es) + 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o) {
+      const char* from = src + o * in_row;
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(dsts[i] + o * rows[i], from, static_cast<size_t>(rows[i]));
+        from += rows[i];
+      }
+    }
+  });
 }
 
 void expand(KernelContext& ctx) {
