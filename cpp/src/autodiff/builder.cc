@@ -82,6 +82,28 @@ bool is_gather(const Node* n) {
   return n && n->domain == kGraphtrainDomain && n->op_type == "ShardGather";
 }
 
+// A copy of forward node p in the backward graph, reading `inputs`: its outputs named
+// "<name>_again" with p's types, recorded in `again` (p's output -> the copy's), the copy in
+// `in_bwd` and `out`.
+Node* copy_into_backward(Graph& g, const Node* p, const std::vector<Value*>& inputs,
+                         std::unordered_map<const Value*, Value*>& again,
+                         std::unordered_set<const Node*>& in_bwd, std::vector<Node*>& out) {
+  std::vector<std::string> names;
+  for (Value* o : p->outputs()) names.push_back(o ? g.unique_name(o->name() + "_again") : "");
+  Node* copy = g.add_node(p->op_type, inputs, names, p->domain, p->name + "_again");
+  copy->attributes = p->attributes;
+  copy->scope = p->scope;
+  for (size_t k = 0; k < p->outputs().size(); ++k) {
+    if (!p->output(k)) continue;
+    copy->output(k)->type = p->output(k)->type;
+    copy->output(k)->sym_value = p->output(k)->sym_value;
+    again[p->output(k)] = copy->output(k);
+  }
+  in_bwd.insert(copy);
+  out.push_back(copy);
+  return copy;
+}
+
 // The backward graph reads forward values; those that are a ShardGather's output or views of one
 // are recomputed in it (a new ShardGather, anchored to the gradient its first reader receives, then
 // the views) instead of being stashed, so that a ZeRO stage-3 model's full parameters are not held
@@ -110,23 +132,11 @@ std::vector<Node*> regather_in_backward(Graph& g, const std::vector<Node*>& bwd,
       inputs = p->inputs();
       inputs[0] = source;
     }
-    std::vector<std::string> names;
-    for (Value* o : p->outputs()) names.push_back(o ? g.unique_name(o->name() + "_again") : "");
-    Node* copy = g.add_node(p->op_type, inputs, names, p->domain, p->name + "_again");
-    copy->attributes = p->attributes;
+    Node* copy = copy_into_backward(g, p, inputs, again, in_bwd, out);
     if (is_gather(p)) {
       copy->attributes["num_passive"] = Attribute::of(static_cast<int64_t>(anchor ? 1 : 0));
       copy->attributes["recompute"] = Attribute::of(int64_t{1});
     }
-    copy->scope = p->scope;
-    for (size_t k = 0; k < p->outputs().size(); ++k) {
-      if (!p->output(k)) continue;
-      copy->output(k)->type = p->output(k)->type;
-      copy->output(k)->sym_value = p->output(k)->sym_value;
-      again[p->output(k)] = copy->output(k);
-    }
-    in_bwd.insert(copy);
-    out.push_back(copy);
     return again.at(v);
   };
   for (Node* n : bwd) {
@@ -176,19 +186,8 @@ std::vector<Node*> transpose_in_backward(Graph& g, const std::vector<Node*>& bwd
           p->op_type != "Transpose" || !p->domain.empty() ||
           (!again.count(in) && !gemms_read_in_backward(in)))
         continue;
-      auto it = again.find(in);
-      if (it == again.end()) {
-        Node* copy = g.add_node("Transpose", {p->input(0)}, {g.unique_name(in->name() + "_again")},
-                                "", p->name + "_again");
-        copy->attributes = p->attributes;
-        copy->scope = p->scope;
-        copy->output(0)->type = in->type;
-        copy->output(0)->sym_value = in->sym_value;
-        in_bwd.insert(copy);
-        out.push_back(copy);
-        it = again.emplace(in, copy->output(0)).first;
-      }
-      g.replace_input(n, i, it->second);
+      if (!again.count(in)) copy_into_backward(g, p, {p->input(0)}, again, in_bwd, out);
+      g.replace_input(n, i, again.at(in));
     }
     out.push_back(n);
   }

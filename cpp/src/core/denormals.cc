@@ -1,5 +1,7 @@
 #include "core/denormals.h"
 
+#include "graphtrain/options.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -35,6 +37,8 @@ FlushDenormals::FlushDenormals(bool on) : saved_(float_mode()) {
     changed_ = true;
   }
 }
+
+FlushDenormals::FlushDenormals() : FlushDenormals(Options::global().get_bool("flush_denormals")) {}
 
 FlushDenormals::~FlushDenormals() {
   if (changed_) set_float_mode(saved_);

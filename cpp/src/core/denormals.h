@@ -14,6 +14,7 @@ void set_float_mode(unsigned mode);
 
 class FlushDenormals {
  public:
+  FlushDenormals();  // on where GRAPHTRAIN_FLUSH_DENORMALS is (the default)
   explicit FlushDenormals(bool on);
   ~FlushDenormals();
   FlushDenormals(const FlushDenormals&) = delete;

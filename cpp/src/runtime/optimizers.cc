@@ -4,7 +4,6 @@
 #include <type_traits>
 
 #include "core/denormals.h"
-#include "graphtrain/options.h"
 #include "graphtrain/thread_pool.h"
 
 namespace graphtrain {
@@ -76,7 +75,7 @@ void sgd_range(float* __restrict p, const float* __restrict grad, float* __restr
 }  // namespace
 
 void adamw_step(ThreadPool& pool, const std::vector<AdamWTensor>& tensors, const AdamWOptions& o) {
-  FlushDenormals flush(Options::global().get_bool("flush_denormals"));  // as graph runs
+  FlushDenormals flush;  // as graph runs
   // The scalars as torch computes them: in double, then used at float precision.
   struct Scalars {
     float step_size, bc2_sqrt;
@@ -124,7 +123,7 @@ void adamw_step(ThreadPool& pool, const std::vector<AdamWTensor>& tensors, const
 }
 
 void sgd_step(ThreadPool& pool, const std::vector<SGDTensor>& tensors, const SGDOptions& o) {
-  FlushDenormals flush(Options::global().get_bool("flush_denormals"));  // as graph runs
+  FlushDenormals flush;  // as graph runs
   const SGDConstants k{static_cast<float>(o.weight_decay), static_cast<float>(o.momentum),
                        static_cast<float>(1.0 - o.dampening), -static_cast<float>(o.lr)};
   std::vector<Chunk> chunks = chunks_of(tensors);

@@ -197,7 +197,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
   ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
   ThreadPool::Busy busy(pool);  // workers wait for the next kernel spinning, not asleep
-  FlushDenormals flush(Options::global().get_bool("flush_denormals"));
+  FlushDenormals flush;
   Profiler& profiler = Profiler::global();
   const bool tracing = profiler.active();
   const int64_t run_start = tracing ? profiler.now_ns() : 0;

@@ -9,27 +9,32 @@
 namespace graphtrain::cpu {
 namespace {
 
-// Softmax or log-softmax of `n` values spaced `stride` apart.
-template <bool kLog>
-void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
+// exp(x - max) of n scores spaced `stride` apart into e (spaced `e_stride` apart; e may be x), and
+// their sum; returns the max (0 for a line of -inf, whose sum is then 0: no inf - inf).
+float exp_line(const float* x, int64_t n, int64_t stride, float* e, int64_t e_stride, float* sum) {
   float mx = -std::numeric_limits<float>::infinity();
   if (stride == 1) {
     mx = vec::max(x, n);
   } else {
     for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
   }
-  if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
-  float sum = 0;
-  if (stride == 1) {
-    // y holds exp(x - max) first (for log-softmax only as scratch).
-    sum = vec_exp_sum(x, y, n, mx);
+  if (std::isinf(mx) && mx < 0) mx = 0;
+  if (stride == 1 && e_stride == 1) {
+    *sum = vec_exp_sum(x, e, n, mx);
   } else {
-    for (int64_t i = 0; i < n; ++i) {
-      float e = vec::exp(x[i * stride] - mx);
-      y[i * stride] = e;
-      sum += e;
-    }
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += e[i * e_stride] = vec::exp(x[i * stride] - mx);
+    *sum = s;
   }
+  return mx;
+}
+
+// Softmax or log-softmax of `n` values spaced `stride` apart.
+template <bool kLog>
+void softmax_line(const float* x, float* y, int64_t n, int64_t stride) {
+  float sum = 0;
+  // y holds exp(x - max) first (for log-softmax only as scratch).
+  const float mx = exp_line(x, n, stride, y, stride, &sum);
   if (kLog) {
     float lse = std::log(sum) + mx;
     for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] - lse;
@@ -100,26 +105,6 @@ void fused_softmax(KernelContext& ctx) {
   });
 }
 
-// exp(x - max) of one line of n scores spaced `stride` apart into e (contiguous), and their sum;
-// returns the max (0 for a line of -inf, whose sum is then 0).
-float exp_line(const float* x, int64_t n, int64_t stride, float* e, float* sum) {
-  float mx = -std::numeric_limits<float>::infinity();
-  if (stride == 1) {
-    mx = vec::max(x, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
-  }
-  if (std::isinf(mx) && mx < 0) mx = 0;
-  if (stride == 1) {
-    *sum = vec_exp_sum(x, e, n, mx);
-  } else {
-    float s = 0;
-    for (int64_t i = 0; i < n; ++i) s += e[i] = vec::exp(x[i * stride] - mx);
-    *sum = s;
-  }
-  return mx;
-}
-
 void softmax_cross_entropy(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
   const Tensor& labels_t = ctx.input(1);
@@ -155,7 +140,7 @@ void softmax_cross_entropy(KernelContext& ctx) {
       int64_t i = l / spatial, s = l % spatial;
       int64_t base = i * c * spatial + s;
       float sum = 0;
-      float mx = exp_line(ps + base, c, spatial, e.data(), &sum);
+      float mx = exp_line(ps + base, c, spatial, e.data(), 1, &sum);
       float v = lse[static_cast<size_t>(l)] = mx + std::log(sum);
       if (pl)
         for (int64_t k = 0; k < c; ++k) pl[base + k * spatial] = ps[base + k * spatial] - v;
@@ -270,7 +255,7 @@ void sce_grad(KernelContext& ctx) {
           std::fill(row, row + c, 0.0f);
         } else if (from_scores) {  // exp(x - max) into the row, then scaled by coef / sum
           float sum = 0;
-          exp_line(lp + i * c, c, 1, row, &sum);
+          exp_line(lp + i * c, c, 1, row, 1, &sum);
           const float k = coef / sum;
           vec::map(row, row, c, [k](auto x) { return x * k; });
           row[label] -= coef;
@@ -283,7 +268,7 @@ void sce_grad(KernelContext& ctx) {
       float inv = 0;  // softmax = e[k] * inv, from the scores
       if (from_scores && !skip) {
         float sum = 0;
-        exp_line(lp + i * c * spatial + s, c, spatial, e.data(), &sum);
+        exp_line(lp + i * c * spatial + s, c, spatial, e.data(), 1, &sum);
         inv = 1.0f / sum;
       }
       for (int64_t k = 0; k < c; ++k) {

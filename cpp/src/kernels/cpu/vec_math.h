@@ -335,8 +335,7 @@ inline float max(const float* x, int64_t n) {
   acc = a1 > acc ? a1 : acc;
   a2 = a3 > a2 ? a3 : a2;
   acc = a2 > acc ? a2 : acc;
-  float m = acc[0];
-  for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  float m = lanes_max(acc);
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
