@@ -109,6 +109,43 @@ TEST(VecDispatch, SoftmaxRowsMatchTheFormula) {
   }
 }
 
+TEST(VecDispatch, SmallGemmMatchesTheProduct) {
+  // Every panel width and row remainder: n over 1..4 vectors of either width plus a ragged tail,
+  // m past one register tile, A read as stored and transposed, C written and accumulated into.
+  for (int64_t m : {1, 5, 13, 64})
+    for (int64_t n : {3, 8, 16, 32, 40, 64, 77})
+      for (int64_t k : {1, 32, 64})
+        for (int mode = 0; mode < 4; ++mode) {
+          bool trans = mode & 1, accumulate = mode & 2;
+          std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * (n + 3)));
+          std::vector<float> c(static_cast<size_t>(m * (n + 5)));
+          for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.7f * static_cast<float>(i));
+          for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.3f * static_cast<float>(i));
+          for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5f - 0.01f * static_cast<float>(i % 97);
+          std::vector<float> c0 = c;
+          int64_t a_row = trans ? 1 : k, a_col = trans ? m : 1;
+          const float alpha = 0.75f;
+          vec_small_gemm(m, n, k, alpha, a.data(), a_row, a_col, b.data(), n + 3, accumulate,
+                         c.data(), n + 5);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n + 5; ++j) {
+              size_t at = static_cast<size_t>(i * (n + 5) + j);
+              if (j >= n) {  // past the columns: untouched
+                ASSERT_EQ(c[at], c0[at]);
+                continue;
+              }
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += double{a[static_cast<size_t>(i * a_row + p * a_col)]} *
+                     b[static_cast<size_t>(p * (n + 3) + j)];
+              double want = alpha * s + (accumulate ? c0[at] : 0.0);
+              ASSERT_NEAR(c[at], want, 1e-5 * (1 + std::abs(want)))
+                  << "m " << m << " n " << n << " k " << k << " mode " << mode << " at " << i << ","
+                  << j;
+            }
+        }
+}
+
 TEST(VecMath, ExpWithinOneUlp) {
   auto ulps = [](float a, float b) {
     int32_t ia, ib;

@@ -5,20 +5,28 @@
 //
 // Hq a multiple of Hk (grouped-query heads: query head h reads key/value head h / (Hq / Hk)).
 // mask: bool (true = attend) or float (added to the scores), broadcast to [..., Hq, Lq, Lk].
-// Attributes: scale (default 1/sqrt(E)), causal (top-left aligned, as torch), dropout (p).
+// Attributes: scale (default 1/sqrt(E)), causal (top-left aligned, as torch), dropout (p), and
+// heads_inside (1: Q, K, V, Y and their gradients are [..., L, H, E], the layout a projection
+// writes before the heads are transposed out, read and written through strides; LSE and the mask
+// keep the [..., H, Lq(, Lk)] layout).
 //
-// Tiled as flash attention: a thread holds one block of scores (kBlockQ x kBlockK) at a time and
-// keeps a running max and sum per query row; the T x T probabilities never exist. The backward
-// recomputes the probabilities from LSE (the log-sum-exp of each row's scores). A fully masked row
-// gives zeros, as torch does. Dropout masks come from a counter-based generator keyed by `seed`
-// and the element's (batch, head, row, column), so the backward regenerates them.
+// Tiled as flash attention: a thread holds one block of scores (kTileQ rows x up to kBlockK keys)
+// at a time and keeps a running max and sum per query row; the T x T probabilities never exist.
+// The backward recomputes the probabilities from LSE (the log-sum-exp of each row's scores). A
+// fully masked row gives zeros, as torch does. Dropout masks come from a counter-based generator
+// keyed by `seed` and the element's (batch, head, row, column), so the backward regenerates them.
+//
+// Each tile of query rows computes only the keys up to the last one a row of it may see (causal,
+// or a mask whose trailing keys are masked out for these rows: a causal or padding mask), so a
+// causal product does about half the work. The per-tile products are register-tiled small GEMMs
+// (vec_small_gemm) over blocks that sit in L1/L2; products with K^T or V^T read a transposed copy
+// of the keys or values, made once per block.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/common.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/random.h"
 #include "kernels/cpu/vec_dispatch.h"
 #include "kernels/cpu/vec_math.h"
@@ -26,7 +34,8 @@
 namespace graphtrain::cpu {
 namespace {
 
-constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockQ = 64;  // query rows of a forward task
+constexpr int64_t kTileQ = 16;   // query rows of one block of scores
 constexpr int64_t kBlockK = 128;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -34,37 +43,105 @@ inline bool keep(uint64_t key, uint64_t index, float p) {
   return uniform(key, index) >= p;
 }
 
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols.
+void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
+                     int64_t ld_dst) {
+  constexpr int64_t kB = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kB)
+    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
+      int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * ld_dst + r] = src[r * ld_src + c];
+    }
+}
+
 // The geometry of one call, shared by the forward and backward kernels.
 struct Geometry {
-  int64_t batch = 1;  // product of the dims before the head dim
+  int64_t batch = 1;  // product of the batch dims
   int64_t hq = 1, hk = 1, lq = 0, lk = 0, e = 0, ev = 0;
   float scale = 1, dropout = 0;
   bool causal = false;
+  bool heads_inside = false;  // [..., L, H, D] instead of [..., H, L, D]
   // The mask (may be absent), with element strides over (batch, head, row, column); 0 where
   // broadcast.
   const void* mask = nullptr;
   bool mask_bool = false;
   int64_t m_b = 0, m_h = 0, m_q = 0, m_k = 0;
   uint64_t key = 0;
+  // With a mask: for each tile of kTileQ query rows (and each batch and head the mask varies
+  // over), one past the last key a row of the tile may see.
+  std::vector<int64_t> ends;
+  int64_t tiles = 0;
 
   int64_t group() const { return hq / hk; }
-  const float* q(const float* p, int64_t b, int64_t h) const { return p + (b * hq + h) * lq * e; }
-  const float* k(const float* p, int64_t b, int64_t h) const { return p + (b * hk + h) * lk * e; }
-  const float* v(const float* p, int64_t b, int64_t h) const { return p + (b * hk + h) * lk * ev; }
+  // Row 0 of head h of batch b in a tensor of `heads` heads of `len` rows of d, and the distance
+  // between its rows.
+  int64_t at(int64_t b, int64_t h, int64_t heads, int64_t len, int64_t d) const {
+    return heads_inside ? (b * len * heads + h) * d : (b * heads + h) * len * d;
+  }
+  int64_t ld(int64_t heads, int64_t d) const { return heads_inside ? heads * d : d; }
+  int64_t ldq() const { return ld(hq, e); }
+  int64_t ldk() const { return ld(hk, e); }
+  int64_t ldv() const { return ld(hk, ev); }
+  int64_t ldy() const { return ld(hq, ev); }
   // Keys a query row may see: all, or (causal) up to its own position.
   int64_t key_end(int64_t row_end) const { return causal ? std::min(lk, row_end) : lk; }
 
-  // scores[r][c] = scale * (Q K^T)[q0 + r][k0 + c] + mask, -inf where masked out.
-  void scores(const float* qp, const float* kp, int64_t b, int64_t h, int64_t q0, int64_t nq,
-              int64_t k0, int64_t nk, float* s) const {
-    sgemm_serial(false, true, nq, nk, e, scale, qp + q0 * e, e, kp + k0 * e, e, 0.0f, s, nk);
+  bool masked_out(int64_t b, int64_t h, int64_t row, int64_t col) const {
+    int64_t i = b * m_b + h * m_h + row * m_q + col * m_k;
+    return mask_bool ? !static_cast<const bool*>(mask)[i]
+                     : static_cast<const float*>(mask)[i] == kNegInf;
+  }
+  // Fills `ends` (run once per call: the mask usually broadcasts over batch and heads).
+  void find_mask_ends(ThreadPool& pool) {
+    tiles = (lq + kTileQ - 1) / kTileQ;
+    int64_t nb = m_b ? batch : 1, nh = m_h ? hq : 1;
+    ends.assign(static_cast<size_t>(nb * nh * tiles), 0);
+    pool.parallel_for(nb * nh * tiles, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t b = i / (nh * tiles), h = i / tiles % nh, q0 = i % tiles * kTileQ;
+        int64_t q1 = std::min(lq, q0 + kTileQ), end = 0;
+        for (int64_t c = key_end(q1) - 1; c >= 0 && end == 0; --c)
+          for (int64_t r = q0; r < q1; ++r)
+            if (!masked_out(b, h, r, c)) {
+              end = c + 1;
+              break;
+            }
+        ends[static_cast<size_t>(i)] = end;
+      }
+    });
+  }
+  // One past the last key a row of [q0, q0 + nq) may see (q0 a multiple of kTileQ).
+  int64_t visible_end(int64_t b, int64_t h, int64_t q0, int64_t nq) const {
+    if (!mask) return key_end(q0 + nq);
+    int64_t end = 0;
+    int64_t base = ((m_b ? b : 0) * (m_h ? hq : 1) + (m_h ? h : 0)) * tiles;
+    for (int64_t t = q0 / kTileQ; t * kTileQ < q0 + nq; ++t)
+      end = std::max(end, ends[static_cast<size_t>(base + t)]);
+    return end;
+  }
+
+  // scores[r][c] = scale * (Q K^T)[q0 + r][k0 + c] + mask, -inf where masked out; qp: the head's
+  // row 0, kt: the transposed keys from key k0 on, [e, nk] with rows ldkt apart.
+  void scores(const float* qp, const float* kt, int64_t ldkt, int64_t b, int64_t h, int64_t q0,
+              int64_t nq, int64_t k0, int64_t nk, float* s) const {
+    vec_small_gemm(nq, nk, e, scale, qp + q0 * ldq(), ldq(), 1, kt, ldkt, false, s, nk);
     if (mask) {
       for (int64_t r = 0; r < nq; ++r) {
         int64_t base = b * m_b + h * m_h + (q0 + r) * m_q + k0 * m_k;
         float* row = s + r * nk;
         if (mask_bool) {
           const bool* mp = static_cast<const bool*>(mask) + base;
-          for (int64_t c = 0; c < nk; ++c)
+          int64_t c = 0;
+          if (m_k == 1)  // a row of the mask: 8 flags at a time
+            for (; c + 8 <= nk; c += 8) {
+              using Bytes = uint8_t __attribute__((vector_size(8)));
+              Bytes flags;
+              std::memcpy(&flags, mp + c, sizeof(flags));
+              vec::i8 seen = __builtin_convertvector(flags, vec::i8) != 0;
+              vec::store(row + c, seen ? vec::load(row + c) : vec::splat(kNegInf));
+            }
+          for (; c < nk; ++c)
             if (!mp[c * m_k]) row[c] = kNegInf;
         } else if (m_k == 1) {  // a row of the mask: added 8 lanes at a time
           const float* mp = static_cast<const float*>(mask) + base;
@@ -91,28 +168,31 @@ struct Geometry {
 Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor* mask) {
   Geometry g;
+  const Node& n = ctx.node();
+  g.heads_inside = n.attr_int("heads_inside", 0) != 0;
   size_t r = q.rank();
-  if (r < 2 || k.rank() != r || v.rank() != r)
-    ctx.fail(str_cat("Q, K and V must have the same rank, 2 or more; got ", q.shape(), ", ",
-                     k.shape(), ", ", v.shape()));
+  if (r < (g.heads_inside ? 3u : 2u) || k.rank() != r || v.rank() != r)
+    ctx.fail(str_cat("Q, K and V must have the same rank, ", g.heads_inside ? 3 : 2,
+                     " or more; got ", q.shape(), ", ", k.shape(), ", ", v.shape()));
   for (size_t i = 0; i + 3 < r; ++i) {
     if (k.dim(i) != q.dim(i) || v.dim(i) != q.dim(i))
       ctx.fail(str_cat("Q, K and V must have the same batch dims; got ", q.shape(), ", ", k.shape(),
                        ", ", v.shape()));
     g.batch *= q.dim(i);
   }
-  g.hq = r >= 3 ? q.dim(r - 3) : 1;
-  g.hk = r >= 3 ? k.dim(r - 3) : 1;
-  g.lq = q.dim(r - 2);
-  g.lk = k.dim(r - 2);
+  // The dims (heads, rows) of the layout: [..., H, L, D] or [..., L, H, D].
+  size_t hd = g.heads_inside ? r - 2 : r - 3, ld = g.heads_inside ? r - 3 : r - 2;
+  g.hq = r >= 3 ? q.dim(hd) : 1;
+  g.hk = r >= 3 ? k.dim(hd) : 1;
+  g.lq = q.dim(ld);
+  g.lk = k.dim(ld);
   g.e = q.dim(r - 1);
   g.ev = v.dim(r - 1);
-  if (k.dim(r - 1) != g.e || v.dim(r - 2) != g.lk || (r >= 3 && v.dim(r - 3) != g.hk))
+  if (k.dim(r - 1) != g.e || v.dim(ld) != g.lk || (r >= 3 && v.dim(hd) != g.hk))
     ctx.fail(str_cat("K and V do not fit Q: ", q.shape(), ", ", k.shape(), ", ", v.shape()));
   if (g.hk == 0 || g.hq % g.hk != 0)
     ctx.fail(
         str_cat("query heads (", g.hq, ") must be a multiple of key/value heads (", g.hk, ")"));
-  const Node& n = ctx.node();
   g.scale = n.attr_float("scale", 0.0f);
   if (g.scale == 0.0f) g.scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(g.e, 1)));
   g.causal = n.attr_int("causal", 0) != 0;
@@ -120,8 +200,13 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
   if (mask) {
     if (mask->dtype() != DType::kBool && mask->dtype() != DType::kFloat32)
       ctx.fail("the mask must be bool or float32, not " + std::string(to_string(mask->dtype())));
-    // Right-aligned broadcast against [batch..., Hq, Lq, Lk].
-    Shape full(q.shape().begin(), q.shape().end() - 1);
+    // Right-aligned broadcast against the scores [batch..., Hq, Lq, Lk].
+    Shape full;
+    if (r >= 3) {
+      full.assign(q.shape().begin(), q.shape().begin() + static_cast<int64_t>(r - 3));
+      full.push_back(g.hq);
+    }
+    full.push_back(g.lq);
     full.push_back(g.lk);
     if (mask->rank() > full.size())
       ctx.fail(str_cat("the mask ", mask->shape(), " has more dims than the scores ", full));
@@ -151,6 +236,7 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
     g.m_b = any ? strides[nb - 1] : 0;
     g.mask = mask->raw_data();
     g.mask_bool = mask->dtype() == DType::kBool;
+    g.find_mask_ends(ctx.pool());
   }
   return g;
 }
@@ -170,6 +256,7 @@ class AttentionKernel : public OpKernel {
     ys.back() = g.ev;
     Tensor& y = ctx.allocate_output(0, F32, ys);
     Shape ls(q.shape().begin(), q.shape().end() - 1);
+    if (g.heads_inside) std::swap(ls[ls.size() - 1], ls[ls.size() - 2]);  // [..., H, Lq]
     Tensor& lse = ctx.allocate_output(1, F32, ls);
     if (ctx.output_requested(2))
       ctx.set_output(2, Tensor::scalar_int64(static_cast<int64_t>(g.key)));
@@ -182,50 +269,62 @@ class AttentionKernel : public OpKernel {
     float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
     int64_t tasks = g.batch * g.hq * qblocks;
     parallel_for(ctx, tasks, kBlockQ * g.lk * (g.e + g.ev), [&](int64_t t0, int64_t t1) {
-      std::vector<float> s(static_cast<size_t>(kBlockQ * kBlockK));
+      std::vector<float> s(static_cast<size_t>(kTileQ * kBlockK));
       std::vector<float> m(kBlockQ), l(kBlockQ), acc(static_cast<size_t>(kBlockQ * g.ev));
+      std::vector<float> kt(static_cast<size_t>(g.e * kBlockK));
       for (int64_t t = t0; t < t1; ++t) {
         int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb = t % qblocks;
         int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
         int64_t hk = h / g.group();
-        const float* qp = g.q(pq, b, h);
-        const float* kp = g.k(pk, b, hk);
-        const float* vp = g.v(pv, b, hk);
+        const float* qp = pq + g.at(b, h, g.hq, g.lq, g.e);
+        const float* kp = pk + g.at(b, hk, g.hk, g.lk, g.e);
+        const float* vp = pv + g.at(b, hk, g.hk, g.lk, g.ev);
         std::fill(m.begin(), m.end(), kNegInf);
         std::fill(l.begin(), l.end(), 0.0f);
-        int64_t kend = g.key_end(q0 + nq);
-        if (kend == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        int64_t kend = g.visible_end(b, h, q0, nq);
         for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
           int64_t nk = std::min(kBlockK, kend - k0);
-          bool first = k0 == 0;  // acc holds nothing yet: the P V product is written, not added
-          g.scores(qp, kp, b, h, q0, nq, k0, nk, s.data());
-          for (int64_t r = 0; r < nq; ++r) {
-            float* row = s.data() + r * nk;
-            float mx = std::max(m[r], vec::max(row, nk));
-            if (mx == kNegInf) {  // nothing visible yet in this row
-              std::fill(row, row + nk, 0.0f);
-              continue;
+          transpose_block(kp + k0 * g.ldk(), nk, g.e, g.ldk(), kt.data(), nk);
+          for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
+            int64_t nr = std::min(kTileQ, nq - r0);
+            int64_t cols = std::min(g.visible_end(b, h, q0 + r0, nr), k0 + nk) - k0;
+            if (cols <= 0) continue;  // these rows see nothing here
+            g.scores(qp, kt.data(), nk, b, h, q0 + r0, nr, k0, cols, s.data());
+            for (int64_t r = 0; r < nr; ++r) {
+              float* row = s.data() + r * cols;
+              float& mr = m[static_cast<size_t>(r0 + r)];
+              float& lr = l[static_cast<size_t>(r0 + r)];
+              float mx = std::max(mr, vec::max(row, cols));
+              if (mx == kNegInf) {  // nothing visible yet in this row
+                std::fill(row, row + cols, 0.0f);
+                continue;
+              }
+              if (mr != kNegInf && mr != mx) {  // rescale what the row holds to the new max
+                float alpha = std::exp(mr - mx);
+                lr *= alpha;
+                float* ar = acc.data() + (r0 + r) * g.ev;
+                vec::map(ar, ar, g.ev, [alpha](auto x) { return x * alpha; });
+              }
+              lr += vec_exp_sum(row, row, cols, mx);
+              mr = mx;
+              if (g.dropout > 0)
+                for (int64_t c = 0; c < cols; ++c)
+                  row[c] = keep(g.key, g.element(b, h, q0 + r0 + r, k0 + c), g.dropout)
+                               ? row[c] * drop_scale
+                               : 0.0f;
             }
-            float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);  // the old rows' rescale
-            l[r] = l[r] * alpha + vec_exp_sum(row, row, nk, mx);
-            if (!first && alpha != 1.0f)
-              vec::map(acc.data() + r * g.ev, acc.data() + r * g.ev, g.ev,
-                       [alpha](auto x) { return x * alpha; });
-            m[r] = mx;
-            if (g.dropout > 0)
-              for (int64_t c = 0; c < nk; ++c)
-                row[c] = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout)
-                             ? row[c] * drop_scale
-                             : 0.0f;
+            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vp + k0 * g.ldv(), g.ldv(),
+                           true, acc.data() + r0 * g.ev, g.ev);
           }
-          sgemm_serial(false, false, nq, g.ev, nk, 1.0f, s.data(), nk, vp + k0 * g.ev, g.ev,
-                       first ? 0.0f : 1.0f, acc.data(), g.ev);
         }
+        float* yp = py + g.at(b, h, g.hq, g.lq, g.ev);
         for (int64_t r = 0; r < nq; ++r) {
-          int64_t row = (b * g.hq + h) * g.lq + q0 + r;
-          float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-          vec::map(acc.data() + r * g.ev, py + row * g.ev, g.ev, [inv](auto x) { return x * inv; });
-          pl[row] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+          float lr = l[static_cast<size_t>(r)], inv = lr > 0 ? 1.0f / lr : 0.0f;
+          vec::map(acc.data() + r * g.ev, yp + (q0 + r) * g.ldy(), g.ev,
+                   [inv](auto x) { return x * inv; });
+          pl[(b * g.hq + h) * g.lq + q0 + r] =
+              lr > 0 ? m[static_cast<size_t>(r)] + std::log(lr) : kNegInf;
         }
       }
     });
@@ -255,7 +354,12 @@ void attention_grad(KernelContext& ctx) {
   // dMask (only when a float mask wants a gradient): the score gradients, [..., Hq, Lq, Lk].
   float* pdm = nullptr;
   if (ctx.output_requested(3)) {
-    Shape ms(q.shape().begin(), q.shape().end() - 1);
+    Shape ms;
+    if (q.rank() >= 3) {
+      ms.assign(q.shape().begin(), q.shape().end() - 3);
+      ms.push_back(g.hq);
+    }
+    ms.push_back(g.lq);
     ms.push_back(g.lk);
     Tensor& dm = ctx.allocate_output(3, F32, ms);
     std::memset(dm.raw_data(), 0, dm.nbytes());
@@ -265,81 +369,90 @@ void attention_grad(KernelContext& ctx) {
   const float *pdy = dy.data<float>(), *py = y.data<float>(), *pl = lse.data<float>();
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
   float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
-  parallel_for(
-      ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4, [&](int64_t t0, int64_t t1) {
-        std::vector<float> p(static_cast<size_t>(kBlockQ * kBlockK));
-        std::vector<float> dp(p.size()), d(kBlockQ);
-        for (int64_t t = t0; t < t1; ++t) {
-          int64_t b = t / g.hk, hk = t % g.hk;
-          const float* kp = g.k(pk, b, hk);
-          const float* vp = g.v(pv, b, hk);
-          float* dkp = pdk + (b * g.hk + hk) * g.lk * g.e;
-          float* dvp = pdv + (b * g.hk + hk) * g.lk * g.ev;
-          // This task's slices of the gradients, zeroed here (in parallel) to be summed
-          // into.
-          std::fill_n(dkp, g.lk * g.e, 0.0f);
-          std::fill_n(dvp, g.lk * g.ev, 0.0f);
-          std::fill_n(pdq + (b * g.hq + hk * g.group()) * g.lq * g.e, g.group() * g.lq * g.e, 0.0f);
-          for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
-            const float* qp = g.q(pq, b, h);
-            int64_t rows = (b * g.hq + h) * g.lq;
-            const float* dyp = pdy + rows * g.ev;
-            const float* yp = py + rows * g.ev;
-            const float* lp = pl + rows;
-            float* dqp = pdq + rows * g.e;
-            for (int64_t q0 = 0; q0 < g.lq; q0 += kBlockQ) {
-              int64_t nq = std::min(kBlockQ, g.lq - q0);
-              for (int64_t r = 0; r < nq; ++r)  // D = rowsum(dY * Y)
-                d[static_cast<size_t>(r)] =
-                    vec::dot_centered(dyp + (q0 + r) * g.ev, yp + (q0 + r) * g.ev, g.ev, 0);
-              int64_t kend = g.key_end(q0 + nq);
-              for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
-                int64_t nk = std::min(kBlockK, kend - k0);
-                g.scores(qp, kp, b, h, q0, nq, k0, nk, p.data());
-                for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
-                  float shift = lp[q0 + r];
-                  float* row = p.data() + r * nk;
-                  if (shift == kNegInf) {
-                    std::fill(row, row + nk, 0.0f);
-                    continue;
-                  }
-                  vec::map(row, row, nk, [shift](auto x) { return vec::exp(x - shift); });
-                }
-                // dP = dY V^T
-                sgemm_serial(false, true, nq, nk, g.ev, 1.0f, dyp + q0 * g.ev, g.ev, vp + k0 * g.ev,
-                             g.ev, 0.0f, dp.data(), nk);
-                if (g.dropout > 0) {
-                  // dV takes the dropped probabilities; dP reaches P through the same
-                  // mask.
-                  std::vector<float> pd(p.begin(), p.begin() + nq * nk);
-                  for (int64_t r = 0; r < nq; ++r)
-                    for (int64_t c = 0; c < nk; ++c) {
-                      bool kept = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout);
-                      pd[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
-                      dp[static_cast<size_t>(r * nk + c)] *= kept ? drop_scale : 0.0f;
-                    }
-                  sgemm_serial(true, false, nk, g.ev, nq, 1.0f, pd.data(), nk, dyp + q0 * g.ev,
-                               g.ev, 1.0f, dvp + k0 * g.ev, g.ev);
-                } else {
-                  sgemm_serial(true, false, nk, g.ev, nq, 1.0f, p.data(), nk, dyp + q0 * g.ev, g.ev,
-                               1.0f, dvp + k0 * g.ev, g.ev);
-                }
-                for (int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - D), into dp
-                  float* ds = dp.data() + r * nk;
-                  const float* pr = p.data() + r * nk;
-                  float dr = d[static_cast<size_t>(r)];
-                  for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
-                  if (pdm) std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
-                }
-                sgemm_serial(false, false, nq, g.e, nk, g.scale, dp.data(), nk, kp + k0 * g.e, g.e,
-                             1.0f, dqp + q0 * g.e, g.e);
-                sgemm_serial(true, false, nk, g.e, nq, g.scale, dp.data(), nk, qp + q0 * g.e, g.e,
-                             1.0f, dkp + k0 * g.e, g.e);
-              }
-            }
-          }
-        }
-      });
+  const int64_t ldq = g.ldq(), ldk = g.ldk(), ldv = g.ldv(), ldy = g.ldy();
+  parallel_for(ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4,
+               [&](int64_t t0, int64_t t1) {
+                 std::vector<float> p(static_cast<size_t>(kTileQ * kBlockK));
+                 std::vector<float> dp(p.size()), pd(p.size()), d(kTileQ);
+                 // The head's keys and values, transposed once: [e, lk] and [ev, lk].
+                 std::vector<float> kt(static_cast<size_t>(g.e * g.lk)),
+                     vt(static_cast<size_t>(g.ev * g.lk));
+                 for (int64_t t = t0; t < t1; ++t) {
+                   int64_t b = t / g.hk, hk = t % g.hk;
+                   const float* kp = pk + g.at(b, hk, g.hk, g.lk, g.e);
+                   const float* vp = pv + g.at(b, hk, g.hk, g.lk, g.ev);
+                   float* dkp = pdk + g.at(b, hk, g.hk, g.lk, g.e);
+                   float* dvp = pdv + g.at(b, hk, g.hk, g.lk, g.ev);
+                   transpose_block(kp, g.lk, g.e, ldk, kt.data(), g.lk);
+                   transpose_block(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
+                   // This task's slices of the gradients, zeroed here (in parallel) to be summed
+                   // into.
+                   for (int64_t c = 0; c < g.lk; ++c) {
+                     std::fill_n(dkp + c * ldk, g.e, 0.0f);
+                     std::fill_n(dvp + c * ldv, g.ev, 0.0f);
+                   }
+                   for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
+                     const float* qp = pq + g.at(b, h, g.hq, g.lq, g.e);
+                     const float* dyp = pdy + g.at(b, h, g.hq, g.lq, g.ev);
+                     const float* yp = py + g.at(b, h, g.hq, g.lq, g.ev);
+                     const float* lp = pl + (b * g.hq + h) * g.lq;
+                     float* dqp = pdq + g.at(b, h, g.hq, g.lq, g.e);
+                     int64_t rows = (b * g.hq + h) * g.lq;  // the head's first row in LSE and dMask
+                     for (int64_t q0 = 0; q0 < g.lq; q0 += kTileQ) {
+                       int64_t nq = std::min(kTileQ, g.lq - q0);
+                       for (int64_t r = 0; r < nq; ++r) {  // D = rowsum(dY * Y); dQ starts at zero
+                         d[static_cast<size_t>(r)] =
+                             vec::dot_centered(dyp + (q0 + r) * ldy, yp + (q0 + r) * ldy, g.ev, 0);
+                         std::fill_n(dqp + (q0 + r) * ldq, g.e, 0.0f);
+                       }
+                       int64_t kend = g.visible_end(b, h, q0, nq);
+                       for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
+                         int64_t nk = std::min(kBlockK, kend - k0);
+                         g.scores(qp, kt.data() + k0, g.lk, b, h, q0, nq, k0, nk, p.data());
+                         for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
+                           float shift = lp[q0 + r];
+                           float* row = p.data() + r * nk;
+                           if (shift == kNegInf) {
+                             std::fill(row, row + nk, 0.0f);
+                             continue;
+                           }
+                           vec::map(row, row, nk, [shift](auto x) { return vec::exp(x - shift); });
+                         }
+                         // dP = dY V^T
+                         vec_small_gemm(nq, nk, g.ev, 1.0f, dyp + q0 * ldy, ldy, 1, vt.data() + k0,
+                                        g.lk, false, dp.data(), nk);
+                         const float* pk_used = p.data();  // the probabilities dV takes
+                         if (g.dropout > 0) {
+                           // dV takes the dropped probabilities; dP reaches P through the same
+                           // mask.
+                           for (int64_t r = 0; r < nq; ++r)
+                             for (int64_t c = 0; c < nk; ++c) {
+                               bool kept = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout);
+                               size_t i = static_cast<size_t>(r * nk + c);
+                               pd[i] = kept ? p[i] * drop_scale : 0.0f;
+                               dp[i] *= kept ? drop_scale : 0.0f;
+                             }
+                           pk_used = pd.data();
+                         }
+                         vec_small_gemm(nk, g.ev, nq, 1.0f, pk_used, 1, nk, dyp + q0 * ldy, ldy,
+                                        true, dvp + k0 * ldv, ldv);
+                         for (int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - D), into dp
+                           float* ds = dp.data() + r * nk;
+                           const float* pr = p.data() + r * nk;
+                           float dr = d[static_cast<size_t>(r)];
+                           for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
+                           if (pdm)
+                             std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
+                         }
+                         vec_small_gemm(nq, g.e, nk, g.scale, dp.data(), nk, 1, kp + k0 * ldk, ldk,
+                                        true, dqp + q0 * ldq, ldq);
+                         vec_small_gemm(nk, g.e, nq, g.scale, dp.data(), 1, nk, qp + q0 * ldq, ldq,
+                                        true, dkp + k0 * ldk, ldk);
+                       }
+                     }
+                   }
+                 }
+               });
 }
 
 const bool registered = [] {

@@ -10,6 +10,8 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
+void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
+                int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 }  // namespace avx512
 
 bool vec_uses_avx512() {
@@ -50,6 +52,16 @@ void vec_softmax_grad_row(const float* dy, const float* y, float scale, float* d
   if (vec_uses_avx512()) return avx512::softmax_grad_row(dy, y, scale, dx, n);
 #endif
   vec::softmax_grad_row<vec::f8>(dy, y, scale, dx, n);
+}
+
+void vec_small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
+                    int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                    int64_t ldc) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512())
+    return avx512::small_gemm(m, n, k, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+#endif
+  vec::small_gemm<vec::f8>(m, n, k, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
 }
 
 }  // namespace graphtrain::cpu

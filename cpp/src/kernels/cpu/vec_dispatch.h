@@ -31,6 +31,14 @@ void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, f
 // dx = scale * y * (dy - sum(dy * y)) over n floats (softmax's gradient along a row).
 void vec_softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
 
+// C[i, j] = alpha * sum_p A(i, p) B[p, j] (+ C[i, j] when accumulating) for i < m, j < n, p < k,
+// with A(i, p) = a[i * a_row + p * a_col] (so A may be read transposed), B and C row-major with
+// rows ldb and ldc apart. Register-tiled, for the small products of operands that sit in the
+// caches (attention's per-head blocks), where a BLAS call's packing costs more than the product.
+void vec_small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
+                    int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                    int64_t ldc);
+
 // Whether vec_apply runs on AVX-512 here.
 bool vec_uses_avx512();
 

@@ -22,5 +22,11 @@ void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, i
   vec::softmax_grad_row<vec::f16>(dy, y, scale, dx, n);
 }
 
+void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
+                int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                int64_t ldc) {
+  vec::small_gemm<vec::f16>(m, n, k, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+}
+
 }  // namespace graphtrain::cpu::avx512
 #endif

@@ -2,6 +2,8 @@
 // vec_dispatch_avx512.cc (16 lanes, in its own GRAPHTRAIN_VEC_ISA namespace).
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/cpu/elementwise_math.h"
 #include "kernels/cpu/vec_dispatch.h"
 
@@ -135,6 +137,99 @@ void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, i
   for (i = 0; i + kLanes <= n; i += kLanes)
     store_as(dx + i, (load_as<V>(y + i) * (load_as<V>(dy + i) - dot)) * scale);
   for (; i < n; ++i) dx[i] = (y[i] * (dy[i] - dot)) * scale;
+}
+
+// One register tile of small_gemm: rows i < MR, columns of NV vectors from c (and b).
+template <typename V, int MR, int NV>
+inline void gemm_tile(int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                      const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V sum[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) sum[i][j] = V{};
+  for (int64_t p = 0; p < k; ++p) {
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) bv[j] = load_as<V>(b + p * ldb + j * kLanes);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      V av = splat_as<V>(a[i * a_row + p * a_col]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) sum[i][j] += av * bv[j];
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      float* cp = c + i * ldc + j * kLanes;
+      V r = sum[i][j] * alpha;
+      store_as(cp, accumulate ? r + load_as<V>(cp) : r);
+    }
+}
+
+// The rows of one panel of NV vectors: tiles of MR rows, then one tile of the rest.
+template <typename V, int MR, int NV>
+inline void gemm_panel_rest(int64_t rows, int64_t k, float alpha, const float* a, int64_t a_row,
+                            int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                            int64_t ldc) {
+  if constexpr (MR > 1) {
+    if (rows < MR)
+      return gemm_panel_rest<V, MR - 1, NV>(rows, k, alpha, a, a_row, a_col, b, ldb, accumulate, c,
+                                            ldc);
+  }
+  gemm_tile<V, MR, NV>(k, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
+}
+
+template <typename V, int NV>
+inline void gemm_panel(int64_t m, int64_t k, float alpha, const float* a, int64_t a_row,
+                       int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                       int64_t ldc) {
+  // As many rows as the registers hold: NV accumulators a row, NV for B, one for A, one spare.
+  constexpr int kRegisters = sizeof(V) == 64 ? 32 : 16;
+  constexpr int kRows = std::min(12, (kRegisters - NV - 2) / NV);
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows)
+    gemm_tile<V, kRows, NV>(k, alpha, a + i * a_row, a_row, a_col, b, ldb, accumulate, c + i * ldc,
+                            ldc);
+  if (i < m)
+    gemm_panel_rest<V, kRows - 1, NV>(m - i, k, alpha, a + i * a_row, a_row, a_col, b, ldb,
+                                      accumulate, c + i * ldc, ldc);
+}
+
+// C[i, j] = alpha * sum_p A(i, p) B[p, j] (+ C[i, j] when accumulating), A(i, p) = a[i * a_row +
+// p * a_col]: register tiles of rows x vectors over operands that sit in L1/L2.
+template <typename V>
+void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
+                int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
+                int64_t ldc) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr int64_t kWide = sizeof(V) == 64 ? 4 : 2;  // vectors in the widest panel
+  int64_t j = 0;
+  for (; j + kWide * kLanes <= n; j += kWide * kLanes)
+    gemm_panel<V, kWide>(m, k, alpha, a, a_row, a_col, b + j, ldb, accumulate, c + j, ldc);
+  if constexpr (kWide == 4) {
+    if (j + 2 * kLanes <= n) {
+      gemm_panel<V, 2>(m, k, alpha, a, a_row, a_col, b + j, ldb, accumulate, c + j, ldc);
+      j += 2 * kLanes;
+    }
+  }
+  for (; j + kLanes <= n; j += kLanes)
+    gemm_panel<V, 1>(m, k, alpha, a, a_row, a_col, b + j, ldb, accumulate, c + j, ldc);
+  if constexpr (kLanes > 8) {  // 8 columns left (a head of 8): half a vector
+    if (j + 8 <= n) {
+      gemm_panel<f8, 1>(m, k, alpha, a, a_row, a_col, b + j, ldb, accumulate, c + j, ldc);
+      j += 8;
+    }
+  }
+  for (; j < n; ++j)  // the last columns, fewer than a vector
+    for (int64_t i = 0; i < m; ++i) {
+      float s = 0;
+      for (int64_t p = 0; p < k; ++p) s += a[i * a_row + p * a_col] * b[p * ldb + j];
+      c[i * ldc + j] = alpha * s + (accumulate ? c[i * ldc + j] : 0.0f);
+    }
 }
 
 }  // namespace GRAPHTRAIN_VEC_ISA

@@ -62,8 +62,14 @@ inline f8 load(const float* p) {
 inline void store(float* p, f8 v) {
   std::memcpy(p, &v, sizeof(v));
 }
+// x in every lane (`V{} + x` would add: -0 + 0 is +0, so the compiler must keep the add).
+template <typename V>
+inline V splat_as(float x) {
+  V v{x};  // x in lane 0, zeros elsewhere: then lane 0 everywhere
+  return __builtin_shuffle(v, typename IntVec<V>::type{});
+}
 inline f8 splat(float x) {
-  return f8{} + x;
+  return splat_as<f8>(x);
 }
 
 // Streaming loops prefetch what they read this many floats (4 KiB) ahead. A loop whose math
