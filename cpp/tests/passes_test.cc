@@ -75,13 +75,15 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "identities", "constant_folding",
-                                             "dead_code", "fold_transposes", "fuse_softmax",
-                                             "fuse_layer_norm", "fuse_elementwise"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"recognize_gelu", "recognize_attention", "identities",
+                                      "constant_folding", "dead_code", "fold_transposes",
+                                      "fuse_softmax", "fuse_layer_norm", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 1u);
+  ASSERT_EQ(before.size(), 2u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
+  EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_attention", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -196,7 +198,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: recognize_gelu, identities, constant_folding, dead_code, "
+    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, identities, "
+                       "constant_folding, dead_code, "
                        "fold_transposes, fuse_softmax, fuse_layer_norm, fuse_elementwise, "
                        "memory_plan"),
               std::string::npos);
@@ -585,6 +588,97 @@ TEST_F(PassesTest, FuseSoftmaxLeavesOtherAxesAndWideningMasks) {
   Value* v = g.add_input("v", {DType::kFloat32, kBTC});
   g.add_output(g.add_op("Softmax", {g.add_op("Mul", {x, v})}));  // not a constant scale
   EXPECT_EQ(fuse_softmax(g), 0u);
+}
+
+// ---- recognize_attention -----------------------------------------------------------------------
+
+Value* transposed(Graph& g, Value* x, std::vector<int64_t> perm) {
+  return g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::move(perm))}});
+}
+
+Node* only(const Graph& g, const std::string& op) {
+  Node* found = nullptr;
+  for (Node* n : g.nodes())
+    if (n->op_type == op) {
+      EXPECT_EQ(found, nullptr) << "more than one " << op;
+      found = n;
+    }
+  return found;
+}
+
+// softmax(q k^T / 2 + mask) v with the heads transposed out of [b, t, h, d] and back: one
+// Attention reading and writing [b, t, h, d]. The same product whose probabilities are also
+// returned stays written out.
+TEST_F(PassesTest, RecognizeAttentionWrittenOutWithTheHeadsInPlace) {
+  SymShape bthd = {SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(4)};
+  Graph g = new_graph("attention");
+  Value* xq = g.add_input("xq", {DType::kFloat32, bthd});
+  Value* xk = g.add_input("xk", {DType::kFloat32, bthd});
+  Value* xv = g.add_input("xv", {DType::kFloat32, bthd});
+  Value* mask = g.add_input("mask", {DType::kFloat32, SymShape{SymDim(5), SymDim(5)}});
+  Value* q = transposed(g, xq, {0, 2, 1, 3});
+  Value* k = transposed(g, xk, {0, 2, 1, 3});
+  Value* v = transposed(g, xv, {0, 2, 1, 3});
+  auto softmax = [&](Value* x) {
+    return g.add_op("Softmax", {x}, {{"axis", Attribute::of(int64_t{-1})}});
+  };
+  Value* s = g.add_op("MatMul", {q, transposed(g, k, {0, 1, 3, 2})});
+  Value* p = softmax(g.add_op("Add", {g.add_op("Div", {s, scalar(g, 2.0f)}), mask}));
+  g.add_output(transposed(g, g.add_op("MatMul", {p, v}), {0, 2, 1, 3}));
+  Value* s2 = g.add_op("MatMul", {q, transposed(g, k, {0, 1, 3, 2})});
+  Value* p2 = softmax(g.add_op("Mul", {scalar(g, 0.5f), s2}));
+  g.add_output(g.add_op("MatMul", {p2, v}));
+  g.add_output(p2);  // read outside the product: not fused
+  std::vector<Shape> shapes = {{3, 5, 2, 4}, {3, 5, 2, 4}, {3, 5, 2, 4}, {5, 5}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 2u);  // fused, then the heads folded
+  Node* att = only(g, "Attention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->inputs(), (std::vector<Value*>{xq, xk, xv, mask}));
+  EXPECT_EQ(att->attr_int("heads_inside", 0), 1);
+  EXPECT_FLOAT_EQ(att->attr_float("scale", 0.0f), 0.5f);
+  EXPECT_EQ(g.outputs()[0]->producer(), att);
+  EXPECT_EQ(count(g, "Softmax"), 1u);
+  EXPECT_EQ(count(g, "MatMul"), 2u);
+  EXPECT_EQ(count(g, "Transpose"), 4u);  // the second product's q, k, k^T and v
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
+// torch's scaled_dot_product_attention as transformers' GPT-2 captures: the heads transposed out,
+// k and v through a one-input Concat (an empty cache), the output through a Reshape to its own
+// shape and transposed back. An Attention whose output is returned as it is keeps its layout.
+TEST_F(PassesTest, RecognizeAttentionReadsTheHeadsOfAttentionInPlace) {
+  SymShape bthd = {SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(4)};
+  Graph g = new_graph("sdpa");
+  Value* xq = g.add_input("xq", {DType::kFloat32, bthd});
+  Value* xk = g.add_input("xk", {DType::kFloat32, bthd});
+  Value* xv = g.add_input("xv", {DType::kFloat32, bthd});
+  Value* q = transposed(g, xq, {0, 2, 1, 3});
+  Value* k =
+      g.add_op("Concat", {transposed(g, xk, {0, 2, 1, 3})}, {{"axis", Attribute::of(int64_t{-2})}});
+  Value* v =
+      g.add_op("Concat", {transposed(g, xv, {0, 2, 1, 3})}, {{"axis", Attribute::of(int64_t{-2})}});
+  Node* a = g.add_node("Attention", {q, k, v}, {"y", "lse", "seed"}, GT);
+  a->attributes["causal"] = Attribute::of(int64_t{1});
+  Value* same =
+      g.add_initializer("same", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 2, 5, 4}));
+  Value* y = g.add_op("Reshape", {a->output(0), same});
+  g.add_output(transposed(g, y, {0, 2, 1, 3}));
+  Node* kept = g.add_node("Attention", {q, k, v}, {"y2", "lse2", "seed2"}, GT);
+  g.add_output(kept->output(0));
+  std::vector<Shape> shapes = {{3, 5, 2, 4}, {3, 5, 2, 4}, {3, 5, 2, 4}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 1u);
+  EXPECT_EQ(count(g, "Attention"), 2u);
+  EXPECT_EQ(kept->attr_int("heads_inside", 0), 0);
+  Node* inside = g.outputs()[0]->producer();
+  ASSERT_EQ(inside->op_type, "Attention");
+  EXPECT_EQ(inside->inputs(), (std::vector<Value*>{xq, xk, xv}));
+  EXPECT_EQ(inside->attr_int("heads_inside", 0), 1);
+  EXPECT_EQ(inside->attr_int("causal", 0), 1);
+  EXPECT_EQ(count(g, "Reshape"), 0u);
+  EXPECT_EQ(count(g, "Transpose"), 3u);  // q, k and v of the one kept as it is
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
 // ---- fuse_layer_norm ---------------------------------------------------------------------------

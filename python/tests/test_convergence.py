@@ -350,12 +350,13 @@ def test_bisect_names_the_module_that_behaves_differently_when_captured(tmp_path
 
 
 def test_bisect_names_a_pass_made_wrong_on_purpose(tmp_path):
-    # The break scales the first value the pass makes by 1.01: attention's probabilities here
+    # The break scales the first value the pass makes by 1.01: attention's output here
     # (fuse_elementwise's first value now feeds a LayerNorm, which normalizes the scale away).
-    code, out = bisect(tmp_path, test_break_pass="fuse_softmax")
+    code, out = bisect(tmp_path, test_break_pass="recognize_attention")
     assert code == 1, out
     assert "compute optimizer off: agrees with the baseline" in out
-    assert out.strip().splitlines()[-1].startswith("verdict: cause: graph pass 'fuse_softmax'"), out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: cause: graph pass 'recognize_attention'"), out
 
 
 def test_bisect_at_parity_and_on_bad_input(tmp_path):

@@ -45,6 +45,11 @@ std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const s
 // recognized by its values at sample points, becomes one Gelu; returns how many. Before autodiff.
 size_t recognize_gelu(Graph& graph);
 
+// Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention, and an
+// Attention between Transposes of the heads reads and writes [..., t, h, d] in place
+// (heads_inside); returns how many of either. Before autodiff.
+size_t recognize_attention(Graph& graph);
+
 // Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act
 // outside the graph, stay); returns how many.
 size_t eliminate_dead_nodes(Graph& graph);

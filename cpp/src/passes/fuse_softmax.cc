@@ -14,28 +14,6 @@
 namespace graphtrain {
 namespace {
 
-// The multiplier of X in a Mul or Div by a float scalar constant; nullopt otherwise.
-std::optional<float> scalar_factor(const Node& n, const Value* x) {
-  if (n.inputs().size() != 2) return std::nullopt;
-  bool div = n.op_type == "Div";
-  if (div && n.input(0) != x) return std::nullopt;
-  const Value* c = n.input(0) == x ? n.input(1) : n.input(0);
-  const Tensor* t = constant_value(c);
-  if (!t || !t->defined() || t->numel() != 1 || t->dtype() != DType::kFloat32) return std::nullopt;
-  float v = t->data<float>()[0];
-  if (div) return v == 0.0f ? std::nullopt : std::optional<float>(1.0f / v);
-  return v;
-}
-
-// Before opset 13 Softmax flattens from `axis` (default 1): the last axis only when it says so.
-bool over_last_axis(const Graph& g, const Node& softmax) {
-  const Value* in = softmax.input(0);
-  int64_t rank = in && in->type.shape ? static_cast<int64_t>(in->type.shape->size()) : -1;
-  if (!softmax.has_attr("axis")) return g.opset("") >= 13 || rank == 2;
-  int64_t axis = softmax.attr_int("axis", -1);
-  return (axis == -1 && g.opset("") >= 13) || (rank > 0 && axis == rank - 1);
-}
-
 bool same_shape(const Value* a, const Value* b) {
   return a && b && a->type.shape && b->type.shape && *a->type.shape == *b->type.shape;
 }
@@ -74,7 +52,7 @@ size_t fuse_softmax(Graph& graph) {
   for (const Pattern& p : patterns) {
     fused += rewrite_matches(graph, p, [](Graph& g, const Match& m) {
       Node* sm = m.node("sm");
-      if (!over_last_axis(g, *sm) || !float_input(*sm)) return false;
+      if (!softmax_over_last_axis(g, *sm) || !float_input(*sm)) return false;
       auto node = [&](const char* name) {
         auto it = m.nodes.find(name);
         return it == m.nodes.end() ? nullptr : it->second;

@@ -98,6 +98,26 @@ bool fusable_without_cycle(const std::vector<Node*>& nodes) {
   return true;
 }
 
+std::optional<float> scalar_factor(const Node& n, const Value* x) {
+  if (n.inputs().size() != 2) return std::nullopt;
+  bool div = n.op_type == "Div";
+  if (div && n.input(0) != x) return std::nullopt;
+  const Value* c = n.input(0) == x ? n.input(1) : n.input(0);
+  const Tensor* t = constant_value(c);
+  if (!t || !t->defined() || t->numel() != 1 || t->dtype() != DType::kFloat32) return std::nullopt;
+  float v = t->data<float>()[0];
+  if (div) return v == 0.0f ? std::nullopt : std::optional<float>(1.0f / v);
+  return v;
+}
+
+bool softmax_over_last_axis(const Graph& g, const Node& softmax) {
+  const Value* in = softmax.input(0);
+  int64_t rank = in && in->type.shape ? static_cast<int64_t>(in->type.shape->size()) : -1;
+  if (!softmax.has_attr("axis")) return g.opset("") >= 13 || rank == 2;
+  int64_t axis = softmax.attr_int("axis", -1);
+  return (axis == -1 && g.opset("") >= 13) || (rank > 0 && axis == rank - 1);
+}
+
 // The deepest module containing every node ("a.b.c" and "a.b.d" -> "a.b").
 std::string common_scope(const std::vector<Node*>& nodes) {
   std::string scope = nodes[0]->scope;

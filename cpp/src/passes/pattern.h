@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,14 @@ size_t rewrite_matches(Graph& graph, const Pattern& pattern,
 // is computed from any of them (a node placed after another's output, like a ShardGather after
 // its module's input, can read a shared inner value).
 bool fusable_without_cycle(const std::vector<Node*>& nodes);
+
+// The multiplier of `x` in `n`, a Mul or Div of x by a float scalar constant (x / c: 1 / c);
+// nullopt for anything else.
+std::optional<float> scalar_factor(const Node& n, const Value* x);
+
+// Whether a Softmax normalizes over its input's last axis (before opset 13 it flattens from
+// `axis`, default 1: the last axis only when it says so).
+bool softmax_over_last_axis(const Graph& g, const Node& softmax);
 
 // The deepest module scope containing every node ("a.b.c" and "a.b.d" -> "a.b"), for the node a
 // rewrite puts in their place.

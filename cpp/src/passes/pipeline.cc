@@ -17,6 +17,10 @@ const std::vector<Pass>& pass_pipeline() {
        "GELU written out in elementwise ops (transformers' NewGELU, FastGELU, x/2 (1 + erf)) "
        "becomes one Gelu, before autodiff",
        recognize_gelu, true},
+      {"recognize_attention",
+       "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads in place "
+       "of the Transposes around it, before autodiff",
+       recognize_attention, true},
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},
       {"constant_folding", "nodes of small constant inputs are computed once, at build time",

@@ -7,6 +7,13 @@ namespace {
 
 constexpr const char* GT = kGraphtrainDomain;
 
+// [..., L, H] -> [..., H, L] when Q, K and V hold their heads inside (attribute heads_inside).
+SymShape heads_first(InferenceContext& ctx, SymShape rows) {
+  if (ctx.node().attr_int("heads_inside", 0) != 0 && rows.size() >= 2)
+    std::swap(rows[rows.size() - 1], rows[rows.size() - 2]);
+  return rows;
+}
+
 void attention(InferenceContext& ctx) {
   const SymShape* q = ctx.input_shape(0);
   const SymShape* v = ctx.input_shape(2);
@@ -23,7 +30,7 @@ void attention(InferenceContext& ctx) {
   SymShape y = *q;
   y.back() = v->back();
   ctx.set_output(0, dtype, y);
-  ctx.set_output(1, DType::kFloat32, SymShape(q->begin(), q->end() - 1));
+  ctx.set_output(1, DType::kFloat32, heads_first(ctx, SymShape(q->begin(), q->end() - 1)));
 }
 
 const bool registered = [] {
@@ -34,10 +41,12 @@ const bool registered = [] {
     if (ctx.num_outputs() < 4) return;
     const SymShape* q = ctx.input_shape(1);
     const SymShape* k = ctx.input_shape(2);
-    if (!q || !k || q->size() < 2 || k->size() < 2)
+    bool inside = ctx.node().attr_int("heads_inside", 0) != 0;
+    size_t rank = inside ? 3 : 2;
+    if (!q || !k || q->size() < rank || k->size() < rank)
       return ctx.set_output(3, DType::kFloat32, std::nullopt);
-    SymShape m = *q;
-    m.back() = (*k)[k->size() - 2];
+    SymShape m = heads_first(ctx, SymShape(q->begin(), q->end() - 1));
+    m.push_back((*k)[k->size() - (inside ? 3 : 2)]);
     ctx.set_output(3, DType::kFloat32, m);
   });
   return true;

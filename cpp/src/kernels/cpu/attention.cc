@@ -43,16 +43,40 @@ inline bool keep(uint64_t key, uint64_t index, float p) {
   return uniform(key, index) >= p;
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols.
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: 8 x 8 blocks in registers
+// (three rounds of shuffles), the edges one by one.
 void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
                      int64_t ld_dst) {
-  constexpr int64_t kB = 8;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB) {
-      int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * ld_dst + r] = src[r * ld_src + c];
+  using vec::f8;
+  using I = vec::i8;
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    int64_t c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+      f8 r[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) r[i] = vec::load(src + (r0 + i) * ld_src + c0);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], I{0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], I{2, 10, 3, 11, 6, 14, 7, 15});
+      }
+      for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; ++j) {
+          u[i + 2 * j] = __builtin_shuffle(t[i + j], t[i + j + 2], I{0, 1, 8, 9, 4, 5, 12, 13});
+          u[i + 2 * j + 1] =
+              __builtin_shuffle(t[i + j], t[i + j + 2], I{2, 3, 10, 11, 6, 7, 14, 15});
+        }
+      for (int i = 0; i < 4; ++i) {  // u[i]: columns i and i + 4 of rows 0-3; u[i + 4]: rows 4-7
+        vec::store(dst + (c0 + i) * ld_dst + r0,
+                   __builtin_shuffle(u[i], u[i + 4], I{0, 1, 2, 3, 8, 9, 10, 11}));
+        vec::store(dst + (c0 + i + 4) * ld_dst + r0,
+                   __builtin_shuffle(u[i], u[i + 4], I{4, 5, 6, 7, 12, 13, 14, 15}));
+      }
     }
+    for (; c0 < cols; ++c0)
+      for (int64_t i = r0; i < r0 + 8; ++i) dst[c0 * ld_dst + i] = src[i * ld_src + c0];
+  }
+  for (; r0 < rows; ++r0)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
 }
 
 // The geometry of one call, shared by the forward and backward kernels.

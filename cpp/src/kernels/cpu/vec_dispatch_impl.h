@@ -170,7 +170,7 @@ inline void gemm_tile(int64_t k, float alpha, const float* a, int64_t a_row, int
     }
 }
 
-// The rows of one panel of NV vectors: tiles of MR rows, then one tile of the rest.
+// One tile of `rows` (at most MR) rows of a panel of NV vectors.
 template <typename V, int MR, int NV>
 inline void gemm_panel_rest(int64_t rows, int64_t k, float alpha, const float* a, int64_t a_row,
                             int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
@@ -190,13 +190,15 @@ inline void gemm_panel(int64_t m, int64_t k, float alpha, const float* a, int64_
   // As many rows as the registers hold: NV accumulators a row, NV for B, one for A, one spare.
   constexpr int kRegisters = sizeof(V) == 64 ? 32 : 16;
   constexpr int kRows = std::min(12, (kRegisters - NV - 2) / NV);
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    gemm_tile<V, kRows, NV>(k, alpha, a + i * a_row, a_row, a_col, b, ldb, accumulate, c + i * ldc,
-                            ldc);
-  if (i < m)
-    gemm_panel_rest<V, kRows - 1, NV>(m - i, k, alpha, a + i * a_row, a_row, a_col, b, ldb,
-                                      accumulate, c + i * ldc, ldc);
+  // Tiles of equal height (16 rows: two of 8, not 12 and a thin 4, which waits on its loads).
+  int64_t tiles = (m + kRows - 1) / kRows;
+  for (int64_t i = 0; i < m;) {
+    int64_t rows = (m - i + tiles - 1) / tiles;
+    --tiles;
+    gemm_panel_rest<V, kRows, NV>(rows, k, alpha, a + i * a_row, a_row, a_col, b, ldb, accumulate,
+                                  c + i * ldc, ldc);
+    i += rows;
+  }
 }
 
 // C[i, j] = alpha * sum_p A(i, p) B[p, j] (+ C[i, j] when accumulating), A(i, p) = a[i * a_row +

@@ -1,0 +1,264 @@
+// Pass recognize_attention (before autodiff): attention becomes one graphtrain::Attention node
+// that reads the heads where the projection wrote them.
+//
+// - Written out, softmax(Q K^T * c + Mask) V (c a scalar constant: `/ sqrt(d)` or `* scale`,
+//   either optional; Mask a float mask that broadcasts to the scores, such as a causal -inf
+//   triangle or a [b, 1, 1, t] padding bias) becomes Attention(Q, K, V, Mask) with attribute scale.
+//   Captured, that is two batched GEMMs, a softmax and the [b, h, t, t] scores and probabilities
+//   in between; autodiff would stash the probabilities and build four GEMMs and a SoftmaxGrad.
+//   Attention's kernels never write the scores, skip the keys a causal or padding mask hides, and
+//   its gradient recomputes the probabilities from one log-sum-exp per row.
+// - An Attention (from the above, or torch's scaled_dot_product_attention) whose Q, K and V are
+//   the heads transposed out of [..., t, h, d] (perm swapping the dims before the last) and whose
+//   output is transposed back the same way takes heads_inside=1: it reads [..., t, h, d] in place
+//   through strides and writes its output in that layout, and its gradient does the same, so
+//   neither graph has a Transpose around attention. A single-input Concat (transformers' key/value
+//   cache with nothing cached), an Identity or a Reshape to the same shape in between is seen
+//   through.
+//
+// Matches only where the inner values (scores, probabilities) are read by nothing else and Q, K
+// and V have the same batch and head dims (MatMul would broadcast them; Attention does not).
+// One difference in results: a row whose every key is masked gives zeros (torch's
+// scaled_dot_product_attention does the same) where the written-out softmax gives NaN.
+#include <string>
+#include <vector>
+
+#include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
+#include "passes/pattern.h"
+
+namespace graphtrain {
+namespace {
+
+const SymShape* shape_of(const Value* v) {
+  return v && v->type.shape ? &*v->type.shape : nullptr;
+}
+
+bool float32(const Value* v) {
+  return v && v->type.dtype == DType::kFloat32;
+}
+
+std::vector<int64_t> identity_perm(size_t rank) {
+  std::vector<int64_t> p(rank);
+  for (size_t i = 0; i < rank; ++i) p[i] = static_cast<int64_t>(i);
+  return p;
+}
+
+// The permutation that swaps dims a and b of a tensor of `rank` dims.
+std::vector<int64_t> swap_perm(size_t rank, size_t a, size_t b) {
+  std::vector<int64_t> p = identity_perm(rank);
+  std::swap(p[a], p[b]);
+  return p;
+}
+
+// K for K^T = kt: kt's last two dims swapped. When kt is itself a Transpose of x, K is one
+// Transpose of x, or x itself (q @ k.transpose(-2, -1) of heads transposed out of [b, t, h, d]
+// gives the heads' Transpose); else a new Transpose of kt.
+Value* untransposed(Graph& g, Value* kt, const std::string& scope) {
+  size_t r = shape_of(kt)->size();
+  std::vector<int64_t> swap = swap_perm(r, r - 2, r - 1);
+  Value* src = kt;
+  std::vector<int64_t> perm = swap;
+  Node* t = kt->producer();
+  if (t && t->op_type == "Transpose" && t->domain.empty() && t->has_attr("perm")) {
+    std::vector<int64_t> inner = t->attr_ints("perm");  // kt = x.permute(inner)
+    if (inner.size() == r) {
+      // K = kt.permute(swap) = x.permute(inner[swap[i]])
+      for (size_t i = 0; i < r; ++i) perm[i] = inner[static_cast<size_t>(swap[i])];
+      src = t->input(0);
+    }
+  }
+  if (perm == identity_perm(r)) return src;
+  Node* k = g.add_node("Transpose", {src}, {g.unique_name("attention_key")});
+  k->attributes["perm"] = Attribute::of(perm);
+  k->scope = scope;
+  infer_shapes(g);
+  return k->output(0);
+}
+
+// Q, K^T and V fit one Attention: the same rank, 2 or more, and batch and head dims; E shared by
+// Q and K, L by K and V (MatMul would broadcast the batch dims; Attention does not).
+bool attention_operands(const Value* q, const Value* kt, const Value* v) {
+  const SymShape *sq = shape_of(q), *skt = shape_of(kt), *sv = shape_of(v);
+  if (!sq || !skt || !sv || sq->size() < 2 || skt->size() != sq->size() || sv->size() != sq->size())
+    return false;
+  size_t r = sq->size();
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (!((*skt)[i] == (*sq)[i]) || !((*sv)[i] == (*sq)[i])) return false;
+  return (*skt)[r - 2] == (*sq)[r - 1] && (*sv)[r - 2] == (*skt)[r - 1];
+}
+
+// Identity, a single-input Concat, or a Reshape to the same shape: its output is its input 0.
+bool is_copy(const Node& p) {
+  if (!p.domain.empty()) return false;
+  if (p.op_type == "Identity") return true;
+  if (p.op_type == "Concat") return p.inputs().size() == 1;
+  const SymShape *in = shape_of(p.input(0)), *out = shape_of(p.output(0));
+  return p.op_type == "Reshape" && in && out && *in == *out;
+}
+
+// What `v` is a copy of.
+Value* through_copies(Value* v) {
+  while (v->producer() && is_copy(*v->producer())) v = v->producer()->input(0);
+  return v;
+}
+
+bool is_graph_output(const Graph& g, const Value* v) {
+  for (const Value* out : g.outputs())
+    if (out == v) return true;
+  return false;
+}
+
+// Removes `n`, a Transpose or a copy, if nothing reads its outputs, then the Transposes and copies
+// above it that become unread.
+void remove_if_unread(Graph& g, Node* n) {
+  if (!n->domain.empty() || (n->op_type != "Transpose" && !is_copy(*n))) return;
+  for (Value* out : n->outputs())
+    if (out && (!out->uses().empty() || is_graph_output(g, out))) return;
+  std::vector<Value*> ins = n->inputs();
+  g.remove_node(n);
+  for (Value* in : ins)
+    if (in && in->producer()) remove_if_unread(g, in->producer());
+}
+
+// softmax(Q K^T * c + Mask) V -> Attention(Q, K, V, Mask).
+size_t fuse_written_attention(Graph& graph) {
+  auto scores = [] {
+    return Pattern::op({"MatMul"}, {Pattern::any("q"), Pattern::any("kt")}, "qk");
+  };
+  // The softmax's input: the scores, scaled or not (Mul or Div by c; c * S), plus a mask or not
+  // (on either side of the Add).
+  std::vector<Pattern> unmasked = {scores(), Pattern::op({"Mul", "Div"}, {scores()}, "scale"),
+                                   Pattern::op({"Mul"}, {Pattern::any(), scores()}, "scale")};
+  std::vector<Pattern> inputs = unmasked;
+  for (const Pattern& x : unmasked) {
+    inputs.push_back(Pattern::op({"Add"}, {x, Pattern::any("mask")}, "add"));
+    inputs.push_back(Pattern::op({"Add"}, {Pattern::any("mask"), x}, "add"));
+  }
+  size_t fused = 0;
+  for (const Pattern& in : inputs) {
+    Pattern p = Pattern::op({"MatMul"},
+                            {Pattern::op({"Softmax"}, {in}, "softmax"), Pattern::any("v")}, "pv");
+    fused += rewrite_matches(graph, p, [](Graph& g, const Match& m) {
+      auto node = [&](const char* name) {
+        auto it = m.nodes.find(name);
+        return it == m.nodes.end() ? nullptr : it->second;
+      };
+      Node* qk = m.node("qk");
+      Node* sm = m.node("softmax");
+      Node* pv = m.node("pv");
+      Node* scale = node("scale");
+      Node* add = node("add");
+      Value* q = m.value("q");
+      Value* kt = m.value("kt");
+      Value* v = m.value("v");
+      Value* s = qk->output(0);
+      if (!softmax_over_last_axis(g, *sm) || !float32(q) || !float32(kt) || !float32(v) ||
+          !attention_operands(q, kt, v))
+        return false;
+      float factor = 1.0f;
+      if (scale) {
+        std::optional<float> f = scalar_factor(*scale, s);
+        if (!f) return false;
+        factor = *f;
+      }
+      Value* mask = nullptr;
+      if (add) {
+        mask = m.value("mask");
+        // A float mask that broadcasts to the scores without widening them.
+        if (mask == s || !float32(mask) || !shape_of(add->output(0)) || !shape_of(s) ||
+            !(*shape_of(add->output(0)) == *shape_of(s)))
+          return false;
+      }
+      std::vector<Node*> matched = {qk, sm, pv};
+      if (scale) matched.push_back(scale);
+      if (add) matched.push_back(add);
+      if (!fusable_without_cycle(matched)) return false;
+      std::string scope = common_scope(matched);
+      std::vector<Value*> ins = {q, untransposed(g, kt, scope), v};
+      if (mask) ins.push_back(mask);
+      Node* att =
+          g.add_node("Attention", ins,
+                     {"", g.unique_name(pv->name + "_lse"), g.unique_name(pv->name + "_seed")},
+                     kGraphtrainDomain, g.unique_name("attention"));
+      att->attributes["scale"] = Attribute::of(factor);
+      att->scope = scope;
+      g.move_output(pv->output(0), att, 0);
+      g.remove_node(pv);
+      g.remove_node(sm);
+      if (add) g.remove_node(add);
+      if (scale) g.remove_node(scale);
+      g.remove_node(qk);
+      if (kt->producer()) remove_if_unread(g, kt->producer());
+      return true;
+    });
+  }
+  return fused;
+}
+
+// Attention between Transposes of the heads -> Attention with heads_inside=1.
+size_t fold_head_transposes(Graph& graph) {
+  size_t folded = 0;
+  for (Node* n : graph.topological_order()) {
+    if (n->qualified_op() != "graphtrain::Attention" || n->attr_int("heads_inside", 0) != 0)
+      continue;
+    const SymShape* sq = shape_of(n->input(0));
+    if (!sq || sq->size() < 3) continue;
+    size_t r = sq->size();
+    std::vector<int64_t> heads = swap_perm(r, r - 3, r - 2);
+    auto heads_transpose = [&](Node* t) {
+      return t && t->op_type == "Transpose" && t->domain.empty() && t->attr_ints("perm") == heads;
+    };
+    // Q, K and V: each the heads transposed out of a value.
+    std::vector<Value*> ins = n->inputs();
+    bool ok = true;
+    for (size_t i = 0; i < 3 && ok; ++i) {
+      Node* t = through_copies(n->input(i))->producer();
+      ok = heads_transpose(t);
+      if (ok) ins[i] = t->input(0);
+    }
+    // Y: read only by the Transpose that puts the heads back (through copies).
+    Value* y = n->output(0);
+    std::vector<Node*> chain;
+    while (ok) {
+      if (!y || y->uses().size() != 1 || is_graph_output(graph, y)) {
+        ok = false;
+        break;
+      }
+      Node* reader = y->uses()[0].first;
+      if (heads_transpose(reader)) {
+        chain.push_back(reader);
+        break;
+      }
+      if (!is_copy(*reader) || reader->input(0) != y) ok = false;
+      chain.push_back(reader);
+      y = reader->output(0);
+    }
+    if (!ok) continue;
+    Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
+    att->attributes = n->attributes;
+    att->attributes["heads_inside"] = Attribute::of(int64_t{1});
+    att->scope = n->scope;
+    graph.move_output(chain.back()->output(0), att, 0);
+    for (size_t i = 1; i < n->outputs().size(); ++i)
+      if (n->output(i)) graph.move_output(n->output(i), att, i);
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) graph.remove_node(*it);
+    std::vector<Value*> old = n->inputs();
+    graph.remove_node(n);
+    for (Value* in : old)
+      if (in && in->producer()) remove_if_unread(graph, in->producer());
+    ++folded;
+  }
+  return folded;
+}
+
+}  // namespace
+
+size_t recognize_attention(Graph& graph) {
+  infer_shapes(graph);
+  size_t n = fuse_written_attention(graph);
+  if (n) infer_shapes(graph);
+  return n + fold_head_transposes(graph);
+}
+
+}  // namespace graphtrain
