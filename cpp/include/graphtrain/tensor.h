@@ -47,6 +47,9 @@ struct MemoryStats {
 };
 MemoryStats memory_stats();
 void reset_peak_memory();
+// Frees the cached blocks and returns free memory to the system: called when a plan's arena is
+// made, since the blocks the recording run freed would otherwise sit beside it unused.
+void release_cached_memory();
 
 class Tensor;
 

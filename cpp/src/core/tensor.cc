@@ -6,6 +6,9 @@
 #include <map>
 #include <mutex>
 #include <new>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "graphtrain/error.h"
 #include "graphtrain/strings.h"
@@ -67,6 +70,17 @@ class BlockCache {
     return cached_;
   }
 
+  // Frees every cached block.
+  void clear() {
+    std::multimap<size_t, void*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks.swap(free_);
+      cached_ = 0;
+    }
+    for (auto& [size, p] : blocks) std::free(p);
+  }
+
   ~BlockCache() {
     for (auto& [size, p] : free_) std::free(p);
   }
@@ -106,6 +120,13 @@ std::string shape_to_string(const Shape& shape) {
 MemoryStats memory_stats() {
   return {g_current.load(), g_peak.load(), static_cast<int64_t>(block_cache().cached_bytes())};
 }
+void release_cached_memory() {
+  block_cache().clear();
+#if defined(__GLIBC__)
+  malloc_trim(0);  // and hands the freed pages back to the system
+#endif
+}
+
 void reset_peak_memory() {
   g_peak.store(g_current.load());
 }

@@ -38,6 +38,7 @@ class WorkspacePool {
       }
     }
     drop.reset();
+    release_cached_memory();
     return Arena::create(bytes);
   }
 
