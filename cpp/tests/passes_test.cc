@@ -681,6 +681,37 @@ TEST_F(PassesTest, RecognizeAttentionReadsTheHeadsOfAttentionInPlace) {
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
+// A fused projection's output [b, t, 3 h d] split into q, k and v, each reshaped to [b, t, h, d]
+// and transposed to heads: the Attention reads the three parts of each row of X in place.
+TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
+  Graph g = new_graph("qkv");
+  Value* x =
+      g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+  Node* split = g.add_node(
+      "Split",
+      {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
+      {"q2", "k2", "v2"});
+  split->attributes["axis"] = Attribute::of(int64_t{-1});
+  Value* heads =
+      g.add_initializer("heads", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 5, 2, 4}));
+  std::vector<Value*> qkv;
+  for (Value* part : split->outputs())
+    qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
+  Node* a = g.add_node("Attention", qkv, {"y", "lse", "seed"}, GT);
+  a->attributes["causal"] = Attribute::of(int64_t{1});
+  g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  std::vector<Shape> shapes = {{3, 5, 24}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 2u);  // the heads folded, then Q, K, V packed
+  Node* att = only(g, "Attention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->inputs(), (std::vector<Value*>{x, nullptr, nullptr}));
+  EXPECT_EQ(att->attr_int("packed", 0), 1);
+  EXPECT_EQ(att->attr_int("heads", 0), 2);
+  EXPECT_EQ(count(g, "Split") + count(g, "Reshape") + count(g, "Transpose"), 0u);
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
 // ---- fuse_layer_norm ---------------------------------------------------------------------------
 
 // A transformer block's tail: s = (m + bias) + r feeds a LayerNorm and the next residual; the

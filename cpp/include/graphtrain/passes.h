@@ -45,9 +45,10 @@ std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const s
 // recognized by its values at sample points, becomes one Gelu; returns how many. Before autodiff.
 size_t recognize_gelu(Graph& graph);
 
-// Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention, and an
+// Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention; an
 // Attention between Transposes of the heads reads and writes [..., t, h, d] in place
-// (heads_inside); returns how many of either. Before autodiff.
+// (heads_inside), and one whose Q, K, V are the parts of one Split reads the split tensor (packed).
+// Returns how many rewrites. Before autodiff.
 size_t recognize_attention(Graph& graph);
 
 // Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act

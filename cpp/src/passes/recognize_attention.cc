@@ -15,6 +15,9 @@
 //   neither graph has a Transpose around attention. A single-input Concat (transformers' key/value
 //   cache with nothing cached), an Identity or a Reshape to the same shape in between is seen
 //   through.
+// - Such an Attention whose Q, K and V are the three equal parts of one Split of X's last dim, each
+//   reshaped to [..., t, h, d] (a fused qkv projection), takes X whole (packed=1, heads=h): no
+//   Split forward, no Concat of dQ, dK, dV backward.
 //
 // Matches only where the inner values (scores, probabilities) are read by nothing else and Q, K
 // and V have the same batch and head dims (MatMul would broadcast them; Attention does not).
@@ -252,13 +255,76 @@ size_t fold_head_transposes(Graph& graph) {
   return folded;
 }
 
+// Whether v is read by nothing but `reader` (once) and is no graph output.
+bool read_only_by(const Graph& g, const Value* v, const Node* reader) {
+  return v && v->uses().size() == 1 && v->uses()[0].first == reader && !is_graph_output(g, v);
+}
+
+// An Attention (heads_inside) whose Q, K and V are the three equal parts of one Split of X's last
+// dim, each reshaped to [..., L, H, E] -> Attention(X) with packed=1, heads=H: it reads the three
+// parts of each row of X in place, and its gradient writes dX whole (no Split, no Concat).
+size_t pack_qkv(Graph& graph) {
+  size_t packed = 0;
+  for (Node* n : graph.topological_order()) {
+    if (n->qualified_op() != "graphtrain::Attention" || n->attr_int("heads_inside", 0) == 0 ||
+        n->attr_int("packed", 0) != 0)
+      continue;
+    Node* split = nullptr;
+    std::vector<Node*> reshapes;
+    bool ok = true;
+    for (size_t i = 0; i < 3 && ok; ++i) {
+      Value* in = n->input(i);
+      Node* r = in ? in->producer() : nullptr;
+      ok = r && r->op_type == "Reshape" && r->domain.empty() && read_only_by(graph, in, n) &&
+           r->input(0) && r->input(0)->producer() && r->input(0)->producer_output() == int(i);
+      if (!ok) break;
+      Node* s = r->input(0)->producer();
+      ok = (i == 0 || s == split) && read_only_by(graph, r->input(0), r);
+      split = s;
+      reshapes.push_back(r);
+    }
+    if (!ok || split->op_type != "Split" || !split->domain.empty() || split->outputs().size() != 3)
+      continue;
+    Value* x = split->input(0);
+    const SymShape *sx = shape_of(x), *sq = shape_of(n->input(0));
+    if (!sx || !sq || sq->size() != sx->size() + 1) continue;
+    int64_t axis = split->attr_int("axis", 0);
+    if (axis != -1 && axis != static_cast<int64_t>(sx->size()) - 1) continue;
+    // Equal parts, and Q, K, V all [x's dims but the last..., H, E] with H known.
+    bool fits = sq->back().is_constant() && (*sq)[sq->size() - 2].is_constant();
+    for (size_t i = 0; i + 1 < sx->size() && fits; ++i) fits = (*sq)[i] == (*sx)[i];
+    for (size_t i = 1; i < 3 && fits; ++i)
+      fits = shape_of(n->input(i)) && *shape_of(n->input(i)) == *sq && shape_of(split->output(i)) &&
+             shape_of(split->output(0)) &&
+             *shape_of(split->output(i)) == *shape_of(split->output(0));
+    if (!fits) continue;
+    int64_t heads = *(*sq)[sq->size() - 2].constant();
+    std::vector<Value*> ins = {x, nullptr, nullptr};
+    if (n->input(3)) ins.push_back(n->input(3));
+    Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
+    att->attributes = n->attributes;
+    att->attributes.erase("heads_inside");
+    att->attributes["packed"] = Attribute::of(int64_t{1});
+    att->attributes["heads"] = Attribute::of(heads);
+    att->scope = n->scope;
+    for (size_t i = 0; i < n->outputs().size(); ++i)
+      if (n->output(i)) graph.move_output(n->output(i), att, i);
+    graph.remove_node(n);
+    for (Node* r : reshapes) graph.remove_node(r);
+    graph.remove_node(split);
+    ++packed;
+  }
+  return packed;
+}
+
 }  // namespace
 
 size_t recognize_attention(Graph& graph) {
   infer_shapes(graph);
   size_t n = fuse_written_attention(graph);
   if (n) infer_shapes(graph);
-  return n + fold_head_transposes(graph);
+  n += fold_head_transposes(graph);
+  return n + pack_qkv(graph);
 }
 
 }  // namespace graphtrain

@@ -1,4 +1,6 @@
 // Shape inference: Attention and AttentionGrad.
+#include <optional>
+
 #include "graphtrain/ops.h"
 #include "graphtrain/strings.h"
 
@@ -7,46 +9,72 @@ namespace {
 
 constexpr const char* GT = kGraphtrainDomain;
 
-// [..., L, H] -> [..., H, L] when Q, K and V hold their heads inside (attribute heads_inside).
-SymShape heads_first(InferenceContext& ctx, SymShape rows) {
-  if (ctx.node().attr_int("heads_inside", 0) != 0 && rows.size() >= 2)
-    std::swap(rows[rows.size() - 1], rows[rows.size() - 2]);
-  return rows;
+// What the shapes of Q (or packed X), K and V give: Y's shape, LSE's ([..., Hq, Lq]) and Lk.
+struct Shapes {
+  SymShape y, rows;
+  SymDim lk;
+};
+
+// Layouts: [..., H, L, E] (default), [..., L, H, E] (heads_inside), or one X [..., L, 3 H E]
+// (packed, attribute heads).
+std::optional<Shapes> attention_shapes(InferenceContext& ctx, const SymShape* q, const SymShape* k,
+                                       const SymShape* v) {
+  const Node& n = ctx.node();
+  if (n.attr_int("packed", 0) != 0) {
+    int64_t heads = n.attr_int("heads", 0);
+    if (!q) return std::nullopt;
+    std::optional<SymDim> e =
+        q->size() >= 2 ? q->back().exact_div(SymDim(3 * heads)) : std::nullopt;
+    if (heads <= 0 || !e)
+      ctx.fail(str_cat("packed Q, K and V must be [..., L, 3 * heads * E] with heads (", heads,
+                       ") >= 1; got ", sym_shape_to_string(*q)));
+    Shapes s;
+    s.rows.assign(q->begin(), q->end() - 2);
+    s.rows.push_back(SymDim(heads));
+    s.rows.push_back((*q)[q->size() - 2]);
+    s.y.assign(q->begin(), q->end() - 1);  // [..., L, H, E]
+    s.y.push_back(SymDim(heads));
+    s.y.push_back(*e);
+    s.lk = (*q)[q->size() - 2];
+    return s;
+  }
+  if (!q || !k || !v) return std::nullopt;
+  bool inside = n.attr_int("heads_inside", 0) != 0;
+  size_t rank = inside ? 3 : 2;
+  if (q->size() < rank || v->size() != q->size() || k->size() != q->size())
+    ctx.fail(str_cat("Q, K and V must have the same rank, ", rank, " or more; got ",
+                     sym_shape_to_string(*q), ", ", sym_shape_to_string(*k), " and ",
+                     sym_shape_to_string(*v)));
+  Shapes s;
+  s.y = *q;
+  s.y.back() = v->back();
+  s.rows.assign(q->begin(), q->end() - 1);
+  if (inside) std::swap(s.rows[s.rows.size() - 1], s.rows[s.rows.size() - 2]);  // [..., H, L]
+  s.lk = (*k)[k->size() - (inside ? 3 : 2)];
+  return s;
 }
 
 void attention(InferenceContext& ctx) {
-  const SymShape* q = ctx.input_shape(0);
-  const SymShape* v = ctx.input_shape(2);
   DType dtype = ctx.input_dtype(0);
   ctx.set_output(2, DType::kInt64, SymShape{});
-  if (!q || !v) {
-    ctx.set_output(0, dtype, std::nullopt);
-    ctx.set_output(1, DType::kFloat32, std::nullopt);
-    return;
-  }
-  if (q->size() < 2 || v->size() != q->size())
-    ctx.fail(str_cat("Q and V must have the same rank, 2 or more; got ", sym_shape_to_string(*q),
-                     " and ", sym_shape_to_string(*v)));
-  SymShape y = *q;
-  y.back() = v->back();
-  ctx.set_output(0, dtype, y);
-  ctx.set_output(1, DType::kFloat32, heads_first(ctx, SymShape(q->begin(), q->end() - 1)));
+  std::optional<Shapes> s =
+      attention_shapes(ctx, ctx.input_shape(0), ctx.input_shape(1), ctx.input_shape(2));
+  ctx.set_output(0, dtype, s ? std::optional<SymShape>(s->y) : std::nullopt);
+  ctx.set_output(1, DType::kFloat32, s ? std::optional<SymShape>(s->rows) : std::nullopt);
 }
 
 const bool registered = [] {
   register_shape_inferer(GT, "Attention", attention);
-  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk])
+  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk]); packed: (dX, -, -,
+  // dMask).
   register_shape_inferer(GT, "AttentionGrad", [](InferenceContext& ctx) {
     for (size_t i = 0; i < 3; ++i) infer_like_input(ctx, i, i + 1);
     if (ctx.num_outputs() < 4) return;
-    const SymShape* q = ctx.input_shape(1);
-    const SymShape* k = ctx.input_shape(2);
-    bool inside = ctx.node().attr_int("heads_inside", 0) != 0;
-    size_t rank = inside ? 3 : 2;
-    if (!q || !k || q->size() < rank || k->size() < rank)
-      return ctx.set_output(3, DType::kFloat32, std::nullopt);
-    SymShape m = heads_first(ctx, SymShape(q->begin(), q->end() - 1));
-    m.push_back((*k)[k->size() - (inside ? 3 : 2)]);
+    std::optional<Shapes> s =
+        attention_shapes(ctx, ctx.input_shape(1), ctx.input_shape(2), ctx.input_shape(3));
+    if (!s) return ctx.set_output(3, DType::kFloat32, std::nullopt);
+    SymShape m = s->rows;
+    m.push_back(s->lk);
     ctx.set_output(3, DType::kFloat32, m);
   });
   return true;

@@ -8,7 +8,9 @@
 // Attributes: scale (default 1/sqrt(E)), causal (top-left aligned, as torch), dropout (p), and
 // heads_inside (1: Q, K, V, Y and their gradients are [..., L, H, E], the layout a projection
 // writes before the heads are transposed out, read and written through strides; LSE and the mask
-// keep the [..., H, Lq(, Lk)] layout).
+// keep the [..., H, Lq(, Lk)] layout), packed with heads (1: one X [..., L, 3 H E] holds Q, K and
+// V side by side in each row, a fused projection's output; Y is [..., L, H, E], the gradient is
+// one dX).
 //
 // Tiled as flash attention: a thread holds one block of scores (kTileQ rows x up to kBlockK keys)
 // at a time and keeps a running max and sum per query row; the T x T probabilities never exist.
@@ -79,13 +81,21 @@ void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_sr
     for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
 }
 
+// Where one operand's heads are: head h of batch b starts at element at(b, h), and its rows are
+// `row` elements apart.
+struct Operand {
+  int64_t base = 0, batch = 0, head = 0, row = 0;
+  int64_t at(int64_t b, int64_t h) const { return base + b * batch + h * head; }
+};
+
 // The geometry of one call, shared by the forward and backward kernels.
 struct Geometry {
   int64_t batch = 1;  // product of the batch dims
   int64_t hq = 1, hk = 1, lq = 0, lk = 0, e = 0, ev = 0;
   float scale = 1, dropout = 0;
   bool causal = false;
-  bool heads_inside = false;  // [..., L, H, D] instead of [..., H, L, D]
+  Operand oq, ok, ov, oy;  // Q and dQ, K and dK, V and dV, Y and dY
+  Shape rows;              // LSE's shape: [batch..., Hq, Lq] ([Lq] without heads)
   // The mask (may be absent), with element strides over (batch, head, row, column); 0 where
   // broadcast.
   const void* mask = nullptr;
@@ -98,16 +108,6 @@ struct Geometry {
   int64_t tiles = 0;
 
   int64_t group() const { return hq / hk; }
-  // Row 0 of head h of batch b in a tensor of `heads` heads of `len` rows of d, and the distance
-  // between its rows.
-  int64_t at(int64_t b, int64_t h, int64_t heads, int64_t len, int64_t d) const {
-    return heads_inside ? (b * len * heads + h) * d : (b * heads + h) * len * d;
-  }
-  int64_t ld(int64_t heads, int64_t d) const { return heads_inside ? heads * d : d; }
-  int64_t ldq() const { return ld(hq, e); }
-  int64_t ldk() const { return ld(hk, e); }
-  int64_t ldv() const { return ld(hk, ev); }
-  int64_t ldy() const { return ld(hq, ev); }
   // Keys a query row may see: all, or (causal) up to its own position.
   int64_t key_end(int64_t row_end) const { return causal ? std::min(lk, row_end) : lk; }
 
@@ -149,7 +149,7 @@ struct Geometry {
   // row 0, kt: the transposed keys from key k0 on, [e, nk] with rows ldkt apart.
   void scores(const float* qp, const float* kt, int64_t ldkt, int64_t b, int64_t h, int64_t q0,
               int64_t nq, int64_t k0, int64_t nk, float* s) const {
-    vec_small_gemm(nq, nk, e, scale, qp + q0 * ldq(), ldq(), 1, kt, ldkt, false, s, nk);
+    vec_small_gemm(nq, nk, e, scale, qp + q0 * oq.row, oq.row, 1, kt, ldkt, false, s, nk);
     if (mask) {
       for (int64_t r = 0; r < nq; ++r) {
         int64_t base = b * m_b + h * m_h + (q0 + r) * m_q + k0 * m_k;
@@ -189,34 +189,65 @@ struct Geometry {
   }
 };
 
+// Q, K and V: three tensors, or (attribute packed) q alone, [..., L, 3 D] holding them side by
+// side in each row (a fused projection's output), with attribute heads.
 Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor* mask) {
   Geometry g;
   const Node& n = ctx.node();
-  g.heads_inside = n.attr_int("heads_inside", 0) != 0;
   size_t r = q.rank();
-  if (r < (g.heads_inside ? 3u : 2u) || k.rank() != r || v.rank() != r)
-    ctx.fail(str_cat("Q, K and V must have the same rank, ", g.heads_inside ? 3 : 2,
-                     " or more; got ", q.shape(), ", ", k.shape(), ", ", v.shape()));
-  for (size_t i = 0; i + 3 < r; ++i) {
-    if (k.dim(i) != q.dim(i) || v.dim(i) != q.dim(i))
-      ctx.fail(str_cat("Q, K and V must have the same batch dims; got ", q.shape(), ", ", k.shape(),
-                       ", ", v.shape()));
-    g.batch *= q.dim(i);
+  Shape batch_dims;
+  if (n.attr_int("packed", 0) != 0) {
+    int64_t heads = n.attr_int("heads", 0), width = r >= 2 ? q.dim(r - 1) : 0;
+    if (r < 2 || heads <= 0 || width % (3 * heads) != 0)
+      ctx.fail(str_cat("packed Q, K and V must be [..., L, 3 * heads * E] with heads (", heads,
+                       ") >= 1; got ", q.shape()));
+    batch_dims.assign(q.shape().begin(), q.shape().end() - 2);
+    g.hq = g.hk = heads;
+    g.lq = g.lk = q.dim(r - 2);
+    g.e = g.ev = width / (3 * heads);
+    int64_t d = width / 3;
+    g.oq = {0, g.lq * width, g.e, width};
+    g.ok = {d, g.lq * width, g.e, width};
+    g.ov = {2 * d, g.lq * width, g.e, width};
+    g.oy = {0, g.lq * d, g.e, d};  // Y [..., L, H, E]
+  } else {
+    bool inside = n.attr_int("heads_inside", 0) != 0;
+    if (r < (inside ? 3u : 2u) || k.rank() != r || v.rank() != r)
+      ctx.fail(str_cat("Q, K and V must have the same rank, ", inside ? 3 : 2, " or more; got ",
+                       q.shape(), ", ", k.shape(), ", ", v.shape()));
+    for (size_t i = 0; i + 3 < r; ++i) {
+      if (k.dim(i) != q.dim(i) || v.dim(i) != q.dim(i))
+        ctx.fail(str_cat("Q, K and V must have the same batch dims; got ", q.shape(), ", ",
+                         k.shape(), ", ", v.shape()));
+      batch_dims.push_back(q.dim(i));
+    }
+    // The dims (heads, rows) of the layout: [..., H, L, D] or [..., L, H, D].
+    size_t hd = inside ? r - 2 : r - 3, ld = inside ? r - 3 : r - 2;
+    g.hq = r >= 3 ? q.dim(hd) : 1;
+    g.hk = r >= 3 ? k.dim(hd) : 1;
+    g.lq = q.dim(ld);
+    g.lk = k.dim(ld);
+    g.e = q.dim(r - 1);
+    g.ev = v.dim(r - 1);
+    if (k.dim(r - 1) != g.e || v.dim(ld) != g.lk || (r >= 3 && v.dim(hd) != g.hk))
+      ctx.fail(str_cat("K and V do not fit Q: ", q.shape(), ", ", k.shape(), ", ", v.shape()));
+    if (g.hk == 0 || g.hq % g.hk != 0)
+      ctx.fail(
+          str_cat("query heads (", g.hq, ") must be a multiple of key/value heads (", g.hk, ")"));
+    auto layout = [inside](int64_t heads, int64_t len, int64_t d) {
+      return inside ? Operand{0, len * heads * d, d, heads * d}
+                    : Operand{0, heads * len * d, len * d, d};
+    };
+    g.oq = layout(g.hq, g.lq, g.e);
+    g.ok = layout(g.hk, g.lk, g.e);
+    g.ov = layout(g.hk, g.lk, g.ev);
+    g.oy = layout(g.hq, g.lq, g.ev);
   }
-  // The dims (heads, rows) of the layout: [..., H, L, D] or [..., L, H, D].
-  size_t hd = g.heads_inside ? r - 2 : r - 3, ld = g.heads_inside ? r - 3 : r - 2;
-  g.hq = r >= 3 ? q.dim(hd) : 1;
-  g.hk = r >= 3 ? k.dim(hd) : 1;
-  g.lq = q.dim(ld);
-  g.lk = k.dim(ld);
-  g.e = q.dim(r - 1);
-  g.ev = v.dim(r - 1);
-  if (k.dim(r - 1) != g.e || v.dim(ld) != g.lk || (r >= 3 && v.dim(hd) != g.hk))
-    ctx.fail(str_cat("K and V do not fit Q: ", q.shape(), ", ", k.shape(), ", ", v.shape()));
-  if (g.hk == 0 || g.hq % g.hk != 0)
-    ctx.fail(
-        str_cat("query heads (", g.hq, ") must be a multiple of key/value heads (", g.hk, ")"));
+  for (int64_t d : batch_dims) g.batch *= d;
+  g.rows = batch_dims;
+  if (r >= 3 || n.attr_int("packed", 0) != 0) g.rows.push_back(g.hq);
+  g.rows.push_back(g.lq);
   g.scale = n.attr_float("scale", 0.0f);
   if (g.scale == 0.0f) g.scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(g.e, 1)));
   g.causal = n.attr_int("causal", 0) != 0;
@@ -225,12 +256,7 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
     if (mask->dtype() != DType::kBool && mask->dtype() != DType::kFloat32)
       ctx.fail("the mask must be bool or float32, not " + std::string(to_string(mask->dtype())));
     // Right-aligned broadcast against the scores [batch..., Hq, Lq, Lk].
-    Shape full;
-    if (r >= 3) {
-      full.assign(q.shape().begin(), q.shape().begin() + static_cast<int64_t>(r - 3));
-      full.push_back(g.hq);
-    }
-    full.push_back(g.lq);
+    Shape full = g.rows;
     full.push_back(g.lk);
     if (mask->rank() > full.size())
       ctx.fail(str_cat("the mask ", mask->shape(), " has more dims than the scores ", full));
@@ -270,18 +296,21 @@ class AttentionKernel : public OpKernel {
   explicit AttentionKernel(const Node&) : seed_(fresh_seed()) {}
 
   void compute(KernelContext& ctx) override {
+    bool packed = ctx.node().attr_int("packed", 0) != 0;
     const Tensor& q = ctx.input(0);
-    const Tensor& k = ctx.input(1);
-    const Tensor& v = ctx.input(2);
+    const Tensor& k = packed ? q : ctx.input(1);
+    const Tensor& v = packed ? q : ctx.input(2);
     const Tensor* mask = ctx.has_input(3) ? &ctx.input(3) : nullptr;
     Geometry g = geometry(ctx, q, k, v, mask);
     g.key = g.dropout > 0 ? mix(seed_ ^ mix(calls_++)) : 0;
     Shape ys = q.shape();
     ys.back() = g.ev;
+    if (packed) {  // [..., L, 3 D] -> [..., L, H, E]
+      ys.back() = g.hq;
+      ys.push_back(g.ev);
+    }
     Tensor& y = ctx.allocate_output(0, F32, ys);
-    Shape ls(q.shape().begin(), q.shape().end() - 1);
-    if (g.heads_inside) std::swap(ls[ls.size() - 1], ls[ls.size() - 2]);  // [..., H, Lq]
-    Tensor& lse = ctx.allocate_output(1, F32, ls);
+    Tensor& lse = ctx.allocate_output(1, F32, g.rows);
     if (ctx.output_requested(2))
       ctx.set_output(2, Tensor::scalar_int64(static_cast<int64_t>(g.key)));
     const float* pq = q.data<float>();
@@ -300,16 +329,16 @@ class AttentionKernel : public OpKernel {
         int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb = t % qblocks;
         int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
         int64_t hk = h / g.group();
-        const float* qp = pq + g.at(b, h, g.hq, g.lq, g.e);
-        const float* kp = pk + g.at(b, hk, g.hk, g.lk, g.e);
-        const float* vp = pv + g.at(b, hk, g.hk, g.lk, g.ev);
+        const float* qp = pq + g.oq.at(b, h);
+        const float* kp = pk + g.ok.at(b, hk);
+        const float* vp = pv + g.ov.at(b, hk);
         std::fill(m.begin(), m.end(), kNegInf);
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
         int64_t kend = g.visible_end(b, h, q0, nq);
         for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
           int64_t nk = std::min(kBlockK, kend - k0);
-          transpose_block(kp + k0 * g.ldk(), nk, g.e, g.ldk(), kt.data(), nk);
+          transpose_block(kp + k0 * g.ok.row, nk, g.e, g.ok.row, kt.data(), nk);
           for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
             int64_t nr = std::min(kTileQ, nq - r0);
             int64_t cols = std::min(g.visible_end(b, h, q0 + r0, nr), k0 + nk) - k0;
@@ -338,14 +367,14 @@ class AttentionKernel : public OpKernel {
                                ? row[c] * drop_scale
                                : 0.0f;
             }
-            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vp + k0 * g.ldv(), g.ldv(),
+            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vp + k0 * g.ov.row, g.ov.row,
                            true, acc.data() + r0 * g.ev, g.ev);
           }
         }
-        float* yp = py + g.at(b, h, g.hq, g.lq, g.ev);
+        float* yp = py + g.oy.at(b, h);
         for (int64_t r = 0; r < nq; ++r) {
           float lr = l[static_cast<size_t>(r)], inv = lr > 0 ? 1.0f / lr : 0.0f;
-          vec::map(acc.data() + r * g.ev, yp + (q0 + r) * g.ldy(), g.ev,
+          vec::map(acc.data() + r * g.ev, yp + (q0 + r) * g.oy.row, g.ev,
                    [inv](auto x) { return x * inv; });
           pl[(b * g.hq + h) * g.lq + q0 + r] =
               lr > 0 ? m[static_cast<size_t>(r)] + std::log(lr) : kNegInf;
@@ -359,31 +388,28 @@ class AttentionKernel : public OpKernel {
   uint64_t calls_ = 0;
 };
 
-// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV, dMask?). One task per (batch,
-// key/value head): it owns dK and dV of that head and dQ of the query heads reading it, so no two
-// tasks write one element and every sum runs in a fixed order.
+// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV, dMask?); packed: (dY, X, -, -,
+// Y, ...) -> (dX, -, -, dMask?). One task per (batch, key/value head): it owns dK and dV of that
+// head and dQ of the query heads reading it, so no two tasks write one element and every sum runs
+// in a fixed order.
 void attention_grad(KernelContext& ctx) {
+  bool packed = ctx.node().attr_int("packed", 0) != 0;
   const Tensor& dy = ctx.input(0);
   const Tensor& q = ctx.input(1);
-  const Tensor& k = ctx.input(2);
-  const Tensor& v = ctx.input(3);
+  const Tensor& k = packed ? q : ctx.input(2);
+  const Tensor& v = packed ? q : ctx.input(3);
   const Tensor& y = ctx.input(4);
   const Tensor& lse = ctx.input(5);
   const Tensor* mask = ctx.has_input(6) ? &ctx.input(6) : nullptr;
   Geometry g = geometry(ctx, q, k, v, mask);
   g.key = ctx.has_input(7) ? static_cast<uint64_t>(ctx.input(7).to_int64_vector()[0]) : 0;
   Tensor& dq = ctx.allocate_output(0, F32, q.shape());
-  Tensor& dk = ctx.allocate_output(1, F32, k.shape());
-  Tensor& dv = ctx.allocate_output(2, F32, v.shape());
+  Tensor& dk = packed ? dq : ctx.allocate_output(1, F32, k.shape());
+  Tensor& dv = packed ? dq : ctx.allocate_output(2, F32, v.shape());
   // dMask (only when a float mask wants a gradient): the score gradients, [..., Hq, Lq, Lk].
   float* pdm = nullptr;
   if (ctx.output_requested(3)) {
-    Shape ms;
-    if (q.rank() >= 3) {
-      ms.assign(q.shape().begin(), q.shape().end() - 3);
-      ms.push_back(g.hq);
-    }
-    ms.push_back(g.lq);
+    Shape ms = g.rows;
     ms.push_back(g.lk);
     Tensor& dm = ctx.allocate_output(3, F32, ms);
     std::memset(dm.raw_data(), 0, dm.nbytes());
@@ -393,7 +419,7 @@ void attention_grad(KernelContext& ctx) {
   const float *pdy = dy.data<float>(), *py = y.data<float>(), *pl = lse.data<float>();
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
   float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
-  const int64_t ldq = g.ldq(), ldk = g.ldk(), ldv = g.ldv(), ldy = g.ldy();
+  const int64_t ldq = g.oq.row, ldk = g.ok.row, ldv = g.ov.row, ldy = g.oy.row;
   parallel_for(ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4,
                [&](int64_t t0, int64_t t1) {
                  std::vector<float> p(static_cast<size_t>(kTileQ * kBlockK));
@@ -403,10 +429,10 @@ void attention_grad(KernelContext& ctx) {
                      vt(static_cast<size_t>(g.ev * g.lk));
                  for (int64_t t = t0; t < t1; ++t) {
                    int64_t b = t / g.hk, hk = t % g.hk;
-                   const float* kp = pk + g.at(b, hk, g.hk, g.lk, g.e);
-                   const float* vp = pv + g.at(b, hk, g.hk, g.lk, g.ev);
-                   float* dkp = pdk + g.at(b, hk, g.hk, g.lk, g.e);
-                   float* dvp = pdv + g.at(b, hk, g.hk, g.lk, g.ev);
+                   const float* kp = pk + g.ok.at(b, hk);
+                   const float* vp = pv + g.ov.at(b, hk);
+                   float* dkp = pdk + g.ok.at(b, hk);
+                   float* dvp = pdv + g.ov.at(b, hk);
                    transpose_block(kp, g.lk, g.e, ldk, kt.data(), g.lk);
                    transpose_block(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
                    // This task's slices of the gradients, zeroed here (in parallel) to be summed
@@ -416,11 +442,11 @@ void attention_grad(KernelContext& ctx) {
                      std::fill_n(dvp + c * ldv, g.ev, 0.0f);
                    }
                    for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
-                     const float* qp = pq + g.at(b, h, g.hq, g.lq, g.e);
-                     const float* dyp = pdy + g.at(b, h, g.hq, g.lq, g.ev);
-                     const float* yp = py + g.at(b, h, g.hq, g.lq, g.ev);
+                     const float* qp = pq + g.oq.at(b, h);
+                     const float* dyp = pdy + g.oy.at(b, h);
+                     const float* yp = py + g.oy.at(b, h);
                      const float* lp = pl + (b * g.hq + h) * g.lq;
-                     float* dqp = pdq + g.at(b, h, g.hq, g.lq, g.e);
+                     float* dqp = pdq + g.oq.at(b, h);
                      int64_t rows = (b * g.hq + h) * g.lq;  // the head's first row in LSE and dMask
                      for (int64_t q0 = 0; q0 < g.lq; q0 += kTileQ) {
                        int64_t nq = std::min(kTileQ, g.lq - q0);
