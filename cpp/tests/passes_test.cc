@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "graphtrain/error.h"
@@ -641,6 +642,42 @@ TEST_F(PassesTest, RecognizeAttentionWrittenOutWithTheHeadsInPlace) {
   EXPECT_EQ(count(g, "Softmax"), 1u);
   EXPECT_EQ(count(g, "MatMul"), 2u);
   EXPECT_EQ(count(g, "Transpose"), 4u);  // the second product's q, k, k^T and v
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
+// nanoGPT's spelling: softmax(masked_fill(q k^T * c, hide, -inf)) v, hide a bool causal mask
+// (true above the diagonal): Attention with the mask Not(hide). A fill other than -inf is no mask.
+TEST_F(PassesTest, RecognizeAttentionOfMaskedFillScores) {
+  SymShape bhtd = {SymDim::symbol("b"), SymDim(2), SymDim(5), SymDim(4)};
+  Graph g = new_graph("masked_fill");
+  Value* q = g.add_input("q", {DType::kFloat32, bhtd});
+  Value* k = g.add_input("k", {DType::kFloat32, bhtd});
+  Value* v = g.add_input("v", {DType::kFloat32, bhtd});
+  std::vector<uint8_t> above(25);
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 5; ++c) above[static_cast<size_t>(r * 5 + c)] = c > r;
+  Tensor hide_t = Tensor::empty(DType::kBool, {5, 5});
+  std::memcpy(hide_t.raw_data(), above.data(), above.size());
+  Value* hide = g.add_initializer("hide", hide_t);
+  auto product = [&](float fill) {
+    Value* s =
+        g.add_op("Mul", {g.add_op("MatMul", {q, transposed(g, k, {0, 1, 3, 2})}), scalar(g, 0.5f)});
+    Value* masked = g.add_op("Where", {hide, scalar(g, fill), s});
+    Value* p = g.add_op("Softmax", {masked}, {{"axis", Attribute::of(int64_t{-1})}});
+    return g.add_op("MatMul", {p, v});
+  };
+  g.add_output(product(-INFINITY));
+  g.add_output(product(-1e4f));
+  std::vector<Shape> shapes = {{3, 2, 5, 4}, {3, 2, 5, 4}, {3, 2, 5, 4}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 1u);
+  Node* att = g.outputs()[0]->producer();
+  ASSERT_EQ(att->op_type, "Attention");
+  ASSERT_EQ(att->inputs().size(), 4u);
+  EXPECT_EQ(att->input(0), q);
+  EXPECT_EQ(att->input(1), k);
+  EXPECT_EQ(att->input(3)->producer()->op_type, "Not");
+  EXPECT_EQ(g.outputs()[1]->producer()->op_type, "MatMul");  // -1e4: left written out
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 

@@ -4,6 +4,7 @@ are checked against torch and finite differences in test_gradients.py."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -194,3 +195,52 @@ def test_attention_dropout_is_statistically_right():
         z = (mean - expected).abs() / (std / len(samples) ** 0.5 + 1e-6)
         assert z.max() < 5, z.max()
         assert std.mean() > 0.01  # dropout did act
+
+
+class NanoGPTAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention without flash attention: a fused qkv projection split into
+    heads, masked_fill of a registered causal buffer, softmax, the heads merged back."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, max_len: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(dim, 3 * dim)
+        self.c_proj = nn.Linear(dim, dim)
+        tril = torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len)
+        self.register_buffer("bias", tril)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def test_written_out_attention_becomes_one_packed_attention(tmp_path):
+    """The pass recognize_attention on a model as users write it: the optimized graphs hold one
+    Attention reading the qkv projection's output in place (no Softmax, Split, Transpose or
+    Concat in either graph), and outputs and gradients match torch's."""
+    torch.manual_seed(0)
+    model = NanoGPTAttention()
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="att", save_path=str(tmp_path))
+    gm = GraphModule(model, debug)
+    x = torch.randn(3, 20, 16, requires_grad=True)
+    ref = model(x)
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
+    out = gm(x)
+    grads = torch.autograd.grad(out, (x, *model.parameters()), g)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    onnx = pytest.importorskip("onnx")
+    for name, op in (("forward", "Attention"), ("backward", "AttentionGrad")):
+        graph = onnx.load(tmp_path / f"att_train_training_{name}.onnx").graph
+        ops = [n.op_type for n in graph.node]
+        att = [n for n in graph.node if n.op_type == op]
+        assert len(att) == 1, ops
+        assert {a.name: onnx.helper.get_attribute_value(a) for a in att[0].attribute}["packed"] == 1
+        assert not {"Softmax", "Split", "Transpose", "Concat", "SoftmaxGrad"} & set(ops), ops

@@ -3,7 +3,9 @@
 //
 // - Written out, softmax(Q K^T * c + Mask) V (c a scalar constant: `/ sqrt(d)` or `* scale`,
 //   either optional; Mask a float mask that broadcasts to the scores, such as a causal -inf
-//   triangle or a [b, 1, 1, t] padding bias) becomes Attention(Q, K, V, Mask) with attribute scale.
+//   triangle or a [b, 1, 1, t] padding bias) becomes Attention(Q, K, V, Mask) with attribute scale;
+//   so does softmax(masked_fill(Q K^T * c, hide, -inf)) V (nanoGPT's spelling: a Where), with
+//   the bool mask Not(hide).
 //   Captured, that is two batched GEMMs, a softmax and the [b, h, t, t] scores and probabilities
 //   in between; autodiff would stash the probabilities and build four GEMMs and a SoftmaxGrad.
 //   Attention's kernels never write the scores, skip the keys a causal or padding mask hides, and
@@ -23,6 +25,7 @@
 // and V have the same batch and head dims (MatMul would broadcast them; Attention does not).
 // One difference in results: a row whose every key is masked gives zeros (torch's
 // scaled_dot_product_attention does the same) where the written-out softmax gives NaN.
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -137,6 +140,11 @@ size_t fuse_written_attention(Graph& graph) {
   for (const Pattern& x : unmasked) {
     inputs.push_back(Pattern::op({"Add"}, {x, Pattern::any("mask")}, "add"));
     inputs.push_back(Pattern::op({"Add"}, {Pattern::any("mask"), x}, "add"));
+    // masked_fill(cond, -inf): where cond holds, the key is hidden; or where(cond, x, -inf).
+    inputs.push_back(
+        Pattern::op({"Where"}, {Pattern::any("hide"), Pattern::any("fill"), x}, "where"));
+    inputs.push_back(
+        Pattern::op({"Where"}, {Pattern::any("show"), x, Pattern::any("fill")}, "where"));
   }
   size_t fused = 0;
   for (const Pattern& in : inputs) {
@@ -152,6 +160,7 @@ size_t fuse_written_attention(Graph& graph) {
       Node* pv = m.node("pv");
       Node* scale = node("scale");
       Node* add = node("add");
+      Node* where = node("where");
       Value* q = m.value("q");
       Value* kt = m.value("kt");
       Value* v = m.value("v");
@@ -173,12 +182,29 @@ size_t fuse_written_attention(Graph& graph) {
             !(*shape_of(add->output(0)) == *shape_of(s)))
           return false;
       }
+      if (where) {  // a bool mask filling -inf that does not widen the scores
+        const Tensor* fill = constant_value(m.value("fill"));
+        Value* cond = m.values.count("hide") ? m.value("hide") : m.value("show");
+        if (!fill || fill->numel() != 1 || fill->dtype() != DType::kFloat32 ||
+            fill->data<float>()[0] != -std::numeric_limits<float>::infinity() || !cond ||
+            cond->type.dtype != DType::kBool || !shape_of(where->output(0)) || !shape_of(s) ||
+            !(*shape_of(where->output(0)) == *shape_of(s)))
+          return false;
+      }
       std::vector<Node*> matched = {qk, sm, pv};
       if (scale) matched.push_back(scale);
       if (add) matched.push_back(add);
+      if (where) matched.push_back(where);
       if (!fusable_without_cycle(matched)) return false;
       std::string scope = common_scope(matched);
       std::vector<Value*> ins = {q, untransposed(g, kt, scope), v};
+      if (where && m.values.count("hide")) {  // Attention's bool mask is true where it attends
+        Node* show = g.add_node("Not", {m.value("hide")}, {g.unique_name("attention_mask")});
+        show->scope = scope;
+        mask = show->output(0);
+      } else if (where) {
+        mask = m.value("show");
+      }
       if (mask) ins.push_back(mask);
       Node* att =
           g.add_node("Attention", ins,
@@ -190,6 +216,7 @@ size_t fuse_written_attention(Graph& graph) {
       g.remove_node(pv);
       g.remove_node(sm);
       if (add) g.remove_node(add);
+      if (where) g.remove_node(where);
       if (scale) g.remove_node(scale);
       g.remove_node(qk);
       if (kt->producer()) remove_if_unread(g, kt->producer());
