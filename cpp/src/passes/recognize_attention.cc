@@ -226,12 +226,20 @@ size_t fuse_written_attention(Graph& graph) {
   return fused;
 }
 
+// The Attention nodes, listed first: a rewrite removes nodes around the one it rewrites (never
+// another Attention).
+std::vector<Node*> attention_nodes(const Graph& graph) {
+  std::vector<Node*> found;
+  for (Node* n : graph.topological_order())
+    if (n->qualified_op() == "graphtrain::Attention") found.push_back(n);
+  return found;
+}
+
 // Attention between Transposes of the heads -> Attention with heads_inside=1.
 size_t fold_head_transposes(Graph& graph) {
   size_t folded = 0;
-  for (Node* n : graph.topological_order()) {
-    if (n->qualified_op() != "graphtrain::Attention" || n->attr_int("heads_inside", 0) != 0)
-      continue;
+  for (Node* n : attention_nodes(graph)) {
+    if (n->attr_int("heads_inside", 0) != 0) continue;
     const SymShape* sq = shape_of(n->input(0));
     if (!sq || sq->size() < 3) continue;
     size_t r = sq->size();
@@ -292,10 +300,8 @@ bool read_only_by(const Graph& g, const Value* v, const Node* reader) {
 // parts of each row of X in place, and its gradient writes dX whole (no Split, no Concat).
 size_t pack_qkv(Graph& graph) {
   size_t packed = 0;
-  for (Node* n : graph.topological_order()) {
-    if (n->qualified_op() != "graphtrain::Attention" || n->attr_int("heads_inside", 0) == 0 ||
-        n->attr_int("packed", 0) != 0)
-      continue;
+  for (Node* n : attention_nodes(graph)) {
+    if (n->attr_int("heads_inside", 0) == 0 || n->attr_int("packed", 0) != 0) continue;
     Node* split = nullptr;
     std::vector<Node*> reshapes;
     bool ok = true;
