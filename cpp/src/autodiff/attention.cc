@@ -1,7 +1,7 @@
 // Gradient rule: Attention. The backward recomputes the probabilities from the forward's
 // log-sum-exp (and, with dropout, its seed), so only Q, K, V (or packed, X), Y and LSE are
-// stashed. A float mask
-// that wants a gradient (a learned position bias) gets the score gradients, reduced to its shape.
+// stashed. A float mask that wants a gradient (a learned position bias) gets the score gradients,
+// reduced to its shape.
 #include "graphtrain/autodiff.h"
 #include "graphtrain/ops.h"
 
