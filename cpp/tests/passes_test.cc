@@ -597,6 +597,15 @@ Value* transposed(Graph& g, Value* x, std::vector<int64_t> perm) {
   return g.add_op("Transpose", {x}, {{"perm", Attribute::of(std::move(perm))}});
 }
 
+// Inputs xq, xk, xv of [b, 5, 2, 4]: q, k and v before their heads are transposed out.
+std::vector<Value*> qkv_inputs(Graph& g) {
+  SymShape bthd = {SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(4)};
+  std::vector<Value*> in;
+  for (const char* name : {"xq", "xk", "xv"})
+    in.push_back(g.add_input(name, {DType::kFloat32, bthd}));
+  return in;
+}
+
 Node* only(const Graph& g, const std::string& op) {
   Node* found = nullptr;
   for (Node* n : g.nodes())
@@ -611,11 +620,9 @@ Node* only(const Graph& g, const std::string& op) {
 // Attention reading and writing [b, t, h, d]. The same product whose probabilities are also
 // returned stays written out.
 TEST_F(PassesTest, RecognizeAttentionWrittenOutWithTheHeadsInPlace) {
-  SymShape bthd = {SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(4)};
   Graph g = new_graph("attention");
-  Value* xq = g.add_input("xq", {DType::kFloat32, bthd});
-  Value* xk = g.add_input("xk", {DType::kFloat32, bthd});
-  Value* xv = g.add_input("xv", {DType::kFloat32, bthd});
+  std::vector<Value*> in = qkv_inputs(g);
+  Value *xq = in[0], *xk = in[1], *xv = in[2];
   Value* mask = g.add_input("mask", {DType::kFloat32, SymShape{SymDim(5), SymDim(5)}});
   Value* q = transposed(g, xq, {0, 2, 1, 3});
   Value* k = transposed(g, xk, {0, 2, 1, 3});
@@ -685,11 +692,9 @@ TEST_F(PassesTest, RecognizeAttentionOfMaskedFillScores) {
 // k and v through a one-input Concat (an empty cache), the output through a Reshape to its own
 // shape and transposed back. An Attention whose output is returned as it is keeps its layout.
 TEST_F(PassesTest, RecognizeAttentionReadsTheHeadsOfAttentionInPlace) {
-  SymShape bthd = {SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(4)};
   Graph g = new_graph("sdpa");
-  Value* xq = g.add_input("xq", {DType::kFloat32, bthd});
-  Value* xk = g.add_input("xk", {DType::kFloat32, bthd});
-  Value* xv = g.add_input("xv", {DType::kFloat32, bthd});
+  std::vector<Value*> in = qkv_inputs(g);
+  Value *xq = in[0], *xk = in[1], *xv = in[2];
   Value* q = transposed(g, xq, {0, 2, 1, 3});
   Value* k =
       g.add_op("Concat", {transposed(g, xk, {0, 2, 1, 3})}, {{"axis", Attribute::of(int64_t{-2})}});

@@ -61,8 +61,7 @@ bool is_matmul(const Node& n) {
 // A Transpose's output that only GEMMs read (and no graph output): each reader folds it and the
 // Transpose goes when the last one has (the backward's k read by the gradients of q and of v).
 bool read_only_by_matmuls(const Graph& g, const Value* v) {
-  for (const Value* out : g.outputs())
-    if (out == v) return false;
+  if (is_graph_output(g, v)) return false;
   for (const auto& use : v->uses())
     if (!is_matmul(*use.first)) return false;
   return true;

@@ -31,10 +31,8 @@ const SymDim* normalized_dim(const Node& ln) {
 Node* bias_add(const Graph& g, Value* v, const Node* reader, const SymDim& cols) {
   Node* add = v ? v->producer() : nullptr;
   if (!add || add->op_type != "Add" || !add->domain.empty() || add->inputs().size() != 2 ||
-      v->uses().size() != 1 || v->uses()[0].first != reader)
+      !read_only_by(g, v, reader))
     return nullptr;
-  for (const Value* out : g.outputs())
-    if (out == v) return nullptr;
   for (size_t i : {0, 1}) {
     const Value* b = add->input(i);
     if (b && b->type.dtype == DType::kFloat32 && b->type.shape && b->type.shape->size() == 1 &&

@@ -49,9 +49,7 @@ bool Pattern::match_value(Value* v, Match& m, bool inner) const {
   // An inner node that others read too would be lost by a rewrite that removes the match.
   if (inner && !shared_) {
     if (v->uses().size() != 1) return false;
-    if (m.graph)
-      for (const Value* out : m.graph->outputs())
-        if (out == v) return false;
+    if (m.graph && is_graph_output(*m.graph, v)) return false;
   }
   if (!match(v->producer(), m)) return false;
   if (!name_.empty()) m.values[name_] = v;
@@ -96,6 +94,16 @@ bool fusable_without_cycle(const std::vector<Node*>& nodes) {
     }
   }
   return true;
+}
+
+bool is_graph_output(const Graph& g, const Value* v) {
+  for (const Value* out : g.outputs())
+    if (out == v) return true;
+  return false;
+}
+
+bool read_only_by(const Graph& g, const Value* v, const Node* reader) {
+  return v && v->uses().size() == 1 && v->uses()[0].first == reader && !is_graph_output(g, v);
 }
 
 std::optional<float> scalar_factor(const Node& n, const Value* x) {

@@ -62,6 +62,13 @@ size_t rewrite_matches(Graph& graph, const Pattern& pattern,
 // its module's input, can read a shared inner value).
 bool fusable_without_cycle(const std::vector<Node*>& nodes);
 
+// Whether v is one of the graph's outputs.
+bool is_graph_output(const Graph& g, const Value* v);
+
+// Whether v is read by nothing but `reader` (once) and is no graph output: a rewrite that removes
+// `reader` may remove v's producer too.
+bool read_only_by(const Graph& g, const Value* v, const Node* reader);
+
 // The multiplier of `x` in `n`, a Mul or Div of x by a float scalar constant (x / c: 1 / c);
 // nullopt for anything else.
 std::optional<float> scalar_factor(const Node& n, const Value* x);

@@ -109,12 +109,6 @@ Value* through_copies(Value* v) {
   return v;
 }
 
-bool is_graph_output(const Graph& g, const Value* v) {
-  for (const Value* out : g.outputs())
-    if (out == v) return true;
-  return false;
-}
-
 // Removes `n`, a Transpose or a copy, if nothing reads its outputs, then the Transposes and copies
 // above it that become unread.
 void remove_if_unread(Graph& g, Node* n) {
@@ -288,11 +282,6 @@ size_t fold_head_transposes(Graph& graph) {
     ++folded;
   }
   return folded;
-}
-
-// Whether v is read by nothing but `reader` (once) and is no graph output.
-bool read_only_by(const Graph& g, const Value* v, const Node* reader) {
-  return v && v->uses().size() == 1 && v->uses()[0].first == reader && !is_graph_output(g, v);
 }
 
 // An Attention (heads_inside) whose Q, K and V are the three equal parts of one Split of X's last
