@@ -8,6 +8,6 @@ Arrays cross by DLPack without a copy when they are contiguous.
 
 from __future__ import annotations
 
-from ._C import Model, Session, TrainingSession, supported_ops
+from ._C import Model, Session, Stash, TrainingSession, supported_ops
 
-__all__ = ["Model", "Session", "TrainingSession", "supported_ops"]
+__all__ = ["Model", "Session", "Stash", "TrainingSession", "supported_ops"]

@@ -158,11 +158,16 @@ class _Runner:
                 self.buffers[name].copy_(value)
 
 
-def _run(session: Session, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _run(session: Session, tensors: list[Any], keep: int = 0) -> list[Any]:
     """Runs a graph on torch tensors, which cross as bare DLPack capsules both ways (the
     protocol's Python layers, __dlpack__ and from_dlpack of an object, cost a few microseconds a
-    tensor: ~0.5 ms a step on the GPT bench model)."""
-    return [from_dlpack(c) for c in session.run_dlpack([to_dlpack(t.detach()) for t in tensors])]
+    tensor: ~0.5 ms a step on the GPT bench model). A Stash among the inputs stands for the engine
+    tensors it holds; `keep` > 0 returns the last `keep` outputs as one Stash, left in C++."""
+    caps = [t if isinstance(t, _C.Stash) else to_dlpack(t.detach()) for t in tensors]
+    out = session.run_dlpack(caps, keep)
+    if keep:
+        return [from_dlpack(c) for c in out[:-1]] + [out[-1]]
+    return [from_dlpack(c) for c in out]
 
 
 class _EngineFunction(torch.autograd.Function):
@@ -172,11 +177,12 @@ class _EngineFunction(torch.autograd.Function):
     def forward(ctx: Any, runner: _Runner, module: torch.nn.Module, *tensors: torch.Tensor) -> Any:
         ctx.run = CallbackRun(module, training=True)  # what hooks and PythonOps keep for backward
         with recording(ctx.run):
-            outs = _run(runner.forward, tensors)
+            # The values stashed for the backward stay engine tensors, held by ctx.
+            outs = _run(runner.forward, tensors, keep=runner.n_stash)
         n, nb = runner.n_out, len(runner.captured.buffer_updates)
         runner.write_buffers(outs[n : n + nb])
         ctx.runner = runner
-        ctx.stash = outs[n + nb :]
+        ctx.stash = outs[-1] if runner.n_stash else None
         user = outs[:n]
         ctx.mark_non_differentiable(
             *[u for k, u in enumerate(user) if not runner.captured.output_float[k]]
@@ -193,7 +199,7 @@ class _EngineFunction(torch.autograd.Function):
         feeds = [
             runner.zero_gradient(*ctx.out_meta[k]) if grads[k] is None else grads[k].contiguous()
             for k in runner.float_outputs
-        ] + list(ctx.stash)
+        ] + ([ctx.stash] if ctx.stash is not None else [])
         with recording(ctx.run):
             results = iter(_run(runner.backward, feeds))
         ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed

@@ -140,3 +140,47 @@ def test_run_dlpack_capsules_keep_their_data_alive():
     unused = session.run_dlpack([to_dlpack(expected), to_dlpack(torch.tensor([6]))])
     assert all(type(c).__name__ == "PyCapsule" for c in unused)
     del unused  # never consumed: the capsules free the results themselves
+
+
+def test_run_dlpack_keeps_a_stash_in_cpp_for_the_next_run():
+    # GraphModule's forward keeps the values stashed for the backward as one Stash (engine tensors
+    # that never become torch tensors) and feeds it to the backward, where it stands for its
+    # tensors in order. A stashed view of an input stays valid after the input is gone.
+    import gc
+
+    import torch
+    from onnx import TensorProto, helper
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    def session(nodes, inputs, outputs):
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        return ge.Session(ge.Model.from_bytes(model.SerializeToString()))
+
+    forward = session(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["kept"])],
+        [("x", [2, 3])],
+        ["y", "kept"],
+    )
+    backward = session(
+        [helper.make_node("Mul", ["dy", "kept"], ["dx"])],
+        [("dy", [2, 3]), ("kept", [2, 3])],
+        ["dx"],
+    )
+    x = torch.arange(-3.0, 3.0).reshape(2, 3)
+    expected = x.clone()
+    y_capsule, stash = forward.run_dlpack([to_dlpack(x * 1)], keep=1)
+    assert isinstance(stash, ge.Stash) and len(stash) == 1 and stash.nbytes == 6 * 4
+    del x
+    gc.collect()
+    torch.randn(1000, 1000)  # reuse freed memory, if any was freed too early
+    torch.testing.assert_close(from_dlpack(y_capsule), expected.clamp(min=0))
+    (dx,) = backward.run_dlpack([to_dlpack(torch.full((2, 3), 2.0)), stash])
+    torch.testing.assert_close(from_dlpack(dx), expected * 2)
+    with pytest.raises(Exception, match="keep 3 outputs in C\\+\\+, the graph has 2"):
+        forward.run_dlpack([to_dlpack(expected)], keep=3)

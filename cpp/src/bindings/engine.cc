@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "bindings/bindings.h"
 #include "graphtrain/autodiff.h"
@@ -85,18 +86,27 @@ bool is_torch(nb::handle obj) {
 
 // Wraps a Python array (or DLPack capsule) as a Tensor without copying when it is contiguous; its
 // data stays alive as long as the tensor's storage does.
-Tensor to_tensor(nb::handle obj, const std::string& what) {
+// `what` names the input in errors (a string, or a function making it: built only on an error).
+template <typename What>
+Tensor to_tensor(nb::handle obj, const What& what_of) {
+  auto what = [&]() -> std::string {
+    if constexpr (std::is_invocable_v<What>)
+      return what_of();
+    else
+      return what_of;
+  };
   AnyArray arr;
   try {
     arr = nb::cast<AnyArray>(obj);
   } catch (const std::exception&) {
-    throw InputError(what + ": expected a numpy array or a torch tensor on the CPU, got " +
+    throw InputError(what() + ": expected a numpy array or a torch tensor on the CPU, got " +
                      nb::cast<std::string>(nb::str(obj.type())));
   }
   DType dtype = from_dlpack(arr.dtype());
   if (dtype == DType::kUndefined)
-    throw InputError(what + ": unsupported element type (code " + std::to_string(arr.dtype().code) +
-                     ", " + std::to_string(arr.dtype().bits) + " bits)");
+    throw InputError(what() + ": unsupported element type (code " +
+                     std::to_string(arr.dtype().code) + ", " + std::to_string(arr.dtype().bits) +
+                     " bits)");
   Shape shape;
   for (size_t i = 0; i < arr.ndim(); ++i) shape.push_back(static_cast<int64_t>(arr.shape(i)));
   bool contiguous = true;
@@ -190,18 +200,34 @@ nb::object to_python(const Tensor& t, Results kind) {
                                          to_dlpack(t.dtype())));
 }
 
-nb::list run_session(Session& s, nb::handle feeds, bool capsules = false) {
+// Engine tensors that stay in C++ between two runs: the values a training forward stashes for its
+// backward. GraphModule passes them back as one object, so they never cross DLPack into torch
+// tensors and back (two conversions of ~60 tensors a step on the GPT bench model).
+struct Stash {
+  std::vector<Tensor> tensors;
+};
+
+nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t keep = 0) {
   std::vector<Tensor> inputs;
   bool torch = false;
   auto kind = [&] {
     return capsules ? Results::kCapsules : torch ? Results::kTorch : Results::kNumpy;
   };
-  std::vector<std::string> names = s.input_names();
+  auto wrap = [&](const std::vector<Tensor>& out) {
+    if (keep > out.size())
+      throw InputError(
+          str_cat("asked to keep ", keep, " outputs in C++, the graph has ", out.size()));
+    nb::list result;
+    size_t n = out.size() - keep;
+    for (size_t k = 0; k < n; ++k) result.append(to_python(out[k], kind()));
+    if (keep) result.append(nb::cast(Stash{{out.begin() + static_cast<ptrdiff_t>(n), out.end()}}));
+    return result;
+  };
   if (nb::isinstance<nb::dict>(feeds)) {
     std::map<std::string, Tensor> by_name;
     for (auto [k, v] : nb::borrow<nb::dict>(feeds)) {
       std::string name = nb::cast<std::string>(k);
-      torch |= is_torch(v);
+      torch |= !capsules && is_torch(v);
       by_name[name] = to_tensor(v, "input '" + name + "'");
     }
     std::vector<Tensor> out;
@@ -209,25 +235,27 @@ nb::list run_session(Session& s, nb::handle feeds, bool capsules = false) {
       nb::gil_scoped_release release;
       out = s.run(by_name);
     }
-    nb::list result;
-    for (const Tensor& t : out) result.append(to_python(t, kind()));
-    return result;
+    return wrap(out);
   }
-  size_t i = 0;
   for (nb::handle v : feeds) {
-    torch |= is_torch(v);
-    inputs.push_back(to_tensor(v, "input " + std::to_string(i) +
-                                      (i < names.size() ? " '" + names[i] + "'" : std::string())));
-    ++i;
+    if (nb::isinstance<Stash>(v)) {  // a stash from an earlier run: its tensors, in order
+      const Stash& kept = nb::cast<const Stash&>(v);
+      inputs.insert(inputs.end(), kept.tensors.begin(), kept.tensors.end());
+      continue;
+    }
+    torch |= !capsules && is_torch(v);
+    size_t i = inputs.size();
+    inputs.push_back(to_tensor(v, [&] {
+      std::vector<std::string> names = s.input_names();
+      return "input " + std::to_string(i) + (i < names.size() ? " '" + names[i] + "'" : "");
+    }));
   }
   std::vector<Tensor> out;
   {
     nb::gil_scoped_release release;
     out = s.run(inputs);
   }
-  nb::list result;
-  for (const Tensor& t : out) result.append(to_python(t, kind()));
-  return result;
+  return wrap(out);
 }
 
 // A loaded model for inspection: shapes, verification, saving.
@@ -318,10 +346,26 @@ void bind_engine(nb::module_& m) {
           "as numpy arrays, or as torch tensors when any input was one.")
       .def(
           "run_dlpack",
-          [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds, true); },
-          nb::arg("feeds"),
-          "run, for callers that convert themselves: inputs as arrays, tensors or DLPack "
-          "capsules (torch.utils.dlpack.to_dlpack), outputs as DLPack capsules.");
+          [](PySession& s, nb::handle feeds, size_t keep) {
+            return run_session(*s.session, feeds, true, keep);
+          },
+          nb::arg("feeds"), nb::arg("keep") = 0,
+          "run, for callers that convert themselves: inputs as arrays, tensors, DLPack capsules "
+          "(torch.utils.dlpack.to_dlpack) or Stash objects (each stands for its tensors, in "
+          "order); outputs as DLPack capsules, except the last `keep`, which stay in C++ as one "
+          "Stash at the end of the list.");
+
+  nb::class_<Stash>(m, "Stash",
+                    "Engine tensors kept in C++ between runs (Session.run_dlpack's `keep`).")
+      .def("__len__", [](const Stash& s) { return s.tensors.size(); })
+      .def_prop_ro(
+          "nbytes",
+          [](const Stash& s) {
+            size_t n = 0;
+            for (const Tensor& t : s.tensors) n += t.nbytes();
+            return n;
+          },
+          "Bytes of the tensors' data.");
 
   nb::class_<Model>(m, "Model")
       .def(
