@@ -22,8 +22,97 @@ inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
   for (; i < n; ++i) y[i] = f(a[i], b[i]);
 }
 
+#if defined(__AVX512F__)
+// GELU (erf form) and its gradient on 16 lanes with AVX-512's own instructions: the formulas of
+// elementwise_math.h (erfc's A&S tail, the density from the same exponential) with two cheaper
+// steps, ~30 instructions a vector where the generic form takes ~45:
+// - e^(-x^2 / 2) needs no overflow or NaN lanes: its argument is never positive, and a NaN x
+//   reaches the result through x (below the clamp of the exponential it is 0, as exp's);
+// - 1 / (1 + p |z|) is a 14-bit reciprocal estimate and one Newton step (relative error near
+//   2^-28), not a division.
+// Phi reads x clamped to [-16, 16] (NaN kept), where it is already 1 or 0 to float precision,
+// so an infinite x never meets 0 * inf inside the reciprocal; x itself multiplies the result, so
+// GELU(-inf) and the gradient at +-inf are NaN, as the scalar formulas give. Every element, the tail's too, goes through these instructions
+// (masked loads and stores), so a result never depends on its position.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+inline __m512 exp_of_nonpositive(__m512 x) {
+  __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.3365f));
+  __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(_mm512_scalef_ps(p, fn), under, _mm512_setzero_ps());
+}
+// Phi(x) given e = e^(-x^2 / 2): erfc(|x| / sqrt 2) / 2 below zero, 1 minus that above.
+inline __m512 gelu_phi(__m512 x, __m512 e) {
+  __m512 a = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752f));
+  __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f));
+  __m512 t0 = _mm512_rcp14_ps(d);
+  __m512 t = _mm512_mul_ps(t0, _mm512_fnmadd_ps(d, t0, _mm512_set1_ps(2.0f)));
+  __m512 r = _mm512_fmadd_ps(t, _mm512_set1_ps(1.061405429f), _mm512_set1_ps(-1.453152027f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(1.421413741f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(-0.284496736f));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(0.254829592f));
+  __m512 h = _mm512_mul_ps(_mm512_mul_ps(r, t), _mm512_mul_ps(e, _mm512_set1_ps(0.5f)));
+  __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), h), neg, h);
+}
+inline __m512 gelu_clamp(__m512 x) {  // min / max return their second operand on a NaN
+  return _mm512_max_ps(_mm512_set1_ps(-16.0f), _mm512_min_ps(_mm512_set1_ps(16.0f), x));
+}
+inline __m512 half_x_squared_neg(__m512 x) {
+  return _mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-0.5f));
+}
+template <typename F>
+inline void map16(const float* a, const float* b, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    prefetch(a + i);
+    if (b) prefetch(b + i);
+    _mm512_storeu_ps(y + i, f(_mm512_loadu_ps(a + i), b ? _mm512_loadu_ps(b + i) : __m512{}));
+  }
+  if (i < n) {
+    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 va = _mm512_maskz_loadu_ps(m, a + i);
+    __m512 vb = b ? _mm512_maskz_loadu_ps(m, b + i) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y + i, m, f(va, vb));
+  }
+}
+inline void gelu16(const float* x, float* y, int64_t n) {
+  map16(x, nullptr, y, n, [](__m512 v, __m512) {
+    __m512 c = gelu_clamp(v);
+    return _mm512_mul_ps(v, gelu_phi(c, exp_of_nonpositive(half_x_squared_neg(c))));
+  });
+}
+inline void gelu_grad16(const float* g, const float* x, float* y, int64_t n) {
+  map16(g, x, y, n, [](__m512 dy, __m512 v) {
+    __m512 c = gelu_clamp(v);
+    __m512 e = exp_of_nonpositive(half_x_squared_neg(c));
+    __m512 density = _mm512_mul_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f));
+    return _mm512_mul_ps(dy, _mm512_add_ps(gelu_phi(c, e), density));
+  });
+}
+#pragma GCC diagnostic pop
+#endif
+
 template <typename V>
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if (op == VecOp::kGelu) return gelu16(a, y, n);
+    if (op == VecOp::kGeluGrad) return gelu_grad16(a, b, y, n);
+  }
+#endif
   switch (op) {
     case VecOp::kExp:
       return map<V>(a, y, n, [](auto x) { return exp(x); });
