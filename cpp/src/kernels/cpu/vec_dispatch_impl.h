@@ -32,8 +32,9 @@ inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
 //   2^-28), not a division.
 // Phi reads x clamped to [-16, 16] (NaN kept), where it is already 1 or 0 to float precision,
 // so an infinite x never meets 0 * inf inside the reciprocal; x itself multiplies the result, so
-// GELU(-inf) and the gradient at +-inf are NaN, as the scalar formulas give. Every element, the tail's too, goes through these instructions
-// (masked loads and stores), so a result never depends on its position.
+// GELU(-inf) and the gradient at +-inf are NaN, as the scalar formulas give. Every element, the
+// tail's too, goes through these instructions (masked loads and stores), so a result never depends
+// on its position.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
