@@ -101,12 +101,16 @@ class Node {
   // "node 'name' (Op)", plus " in module 'scope'" when known: used in every error about a node.
   std::string describe() const;
   std::string qualified_op() const;  // "Add" or "graphtrain::SoftmaxGrad"
+  // The order of creation in its graph: a node made later has a larger serial (a node's address
+  // may be that of one removed before it).
+  uint64_t serial() const { return serial_; }
 
  private:
   friend class Graph;
   Node() = default;
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
+  uint64_t serial_ = 0;
 };
 
 class Graph {
@@ -156,6 +160,8 @@ class Graph {
   const std::vector<Value*>& outputs() const { return outputs_; }
   std::vector<Value*> initializers() const;
   size_t num_nodes() const { return nodes_.size(); }
+  // The serial the next node will get: nodes made from now on have serials at least this.
+  uint64_t next_node_serial() const { return nodes_made_; }
   std::vector<Node*> nodes() const;  // in insertion order
   // Producers before consumers; throws GraphError naming a node on a cycle.
   std::vector<Node*> topological_order() const;
@@ -169,6 +175,7 @@ class Graph {
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
   int64_t name_counter_ = 0;
+  uint64_t nodes_made_ = 0;  // the next node's serial
 };
 
 // The tensor a value holds when it is a constant (an initializer, or a Constant node's `value`),

@@ -182,6 +182,7 @@ Node* Graph::add_node(const std::string& op_type, const std::vector<Value*>& inp
                       const std::string& name) {
   nodes_.push_back(std::unique_ptr<Node>(new Node()));
   Node* n = nodes_.back().get();
+  n->serial_ = nodes_made_++;
   n->op_type = op_type;
   n->domain = domain;
   n->name = name.empty() ? unique_name(op_type) : name;
