@@ -754,6 +754,65 @@ TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
+// The qkv projection's bias Add before the Split: the packed Attention takes the bias and adds it
+// as it reads; the Add is gone from the forward (and so from the stash).
+TEST_F(PassesTest, RecognizeAttentionFoldsTheQkvBiasIntoThePackedAttention) {
+  Graph g = new_graph("qkv_bias");
+  Value* y =
+      g.add_input("y", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+  Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(24)}});
+  Value* x = g.add_op("Add", {y, bias});
+  Node* split = g.add_node(
+      "Split",
+      {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
+      {"q2", "k2", "v2"});
+  split->attributes["axis"] = Attribute::of(int64_t{-1});
+  Value* heads =
+      g.add_initializer("heads", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 5, 2, 4}));
+  std::vector<Value*> qkv;
+  for (Value* part : split->outputs())
+    qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
+  Node* a = g.add_node("Attention", qkv, {"y_att", "lse", "seed"}, GT);
+  a->attributes["causal"] = Attribute::of(int64_t{1});
+  g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  std::vector<Shape> shapes = {{3, 5, 24}, {24}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 3u);  // heads folded, Q, K, V packed, the bias folded
+  Node* att = only(g, "Attention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->inputs(), (std::vector<Value*>{y, nullptr, nullptr, nullptr, bias}));
+  EXPECT_EQ(att->attr_int("packed", 0), 1);
+  EXPECT_EQ(count(g, "Add"), 0u);
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
+// A bias Add whose sum something else reads stays: the Attention reads the sum.
+TEST_F(PassesTest, RecognizeAttentionKeepsABiasAddWithOtherReaders) {
+  Graph g = new_graph("qkv_bias_kept");
+  Value* y =
+      g.add_input("y", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+  Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(24)}});
+  Value* x = g.add_op("Add", {bias, y});
+  g.add_output(x);
+  Node* split = g.add_node(
+      "Split",
+      {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
+      {"q2", "k2", "v2"});
+  split->attributes["axis"] = Attribute::of(int64_t{-1});
+  Value* heads =
+      g.add_initializer("heads", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 5, 2, 4}));
+  std::vector<Value*> qkv;
+  for (Value* part : split->outputs())
+    qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
+  Node* a = g.add_node("Attention", qkv, {"y_att", "lse", "seed"}, GT);
+  g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  EXPECT_EQ(recognize_attention(g), 2u);
+  Node* att = only(g, "Attention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->inputs(), (std::vector<Value*>{x, nullptr, nullptr}));
+  EXPECT_EQ(count(g, "Add"), 1u);
+}
+
 // ---- fuse_layer_norm ---------------------------------------------------------------------------
 
 // A transformer block's tail: s = (m + bias) + r feeds a LayerNorm and the next residual; the

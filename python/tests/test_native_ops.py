@@ -222,7 +222,8 @@ class NanoGPTAttention(nn.Module):
 def test_written_out_attention_becomes_one_packed_attention(tmp_path):
     """The pass recognize_attention on a model as users write it: the optimized graphs hold one
     Attention reading the qkv projection's output in place (no Softmax, Split, Transpose or
-    Concat in either graph), and outputs and gradients match torch's."""
+    Concat in either graph) and adding the projection's bias as it reads, and outputs and
+    gradients (the bias's among them) match torch's."""
     torch.manual_seed(0)
     model = NanoGPTAttention()
     debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="att", save_path=str(tmp_path))
@@ -244,3 +245,74 @@ def test_written_out_attention_becomes_one_packed_attention(tmp_path):
         assert len(att) == 1, ops
         assert {a.name: onnx.helper.get_attribute_value(a) for a in att[0].attribute}["packed"] == 1
         assert not {"Softmax", "Split", "Transpose", "Concat", "SoftmaxGrad"} & set(ops), ops
+        bias = att[0].input[4 if op == "Attention" else 8]
+        assert bias == "c_attn.bias" or "c_attn.bias" in bias, list(att[0].input)
+        if op == "Attention":  # c_proj's bias Add is the only one left
+            assert ops.count("Add") == 1, ops
+
+
+def test_packed_attention_adds_the_qkv_bias_as_it_reads():
+    """Attention(X, bias) and its gradient give exactly what Attention(X + bias) gives (the bias is
+    added with the same single rounding as the Add it replaces), with a causal mask and dropout
+    off; a bias of the wrong size is refused by name."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import graphtrain.engine as ge
+
+    heads, e, t = 2, 4, 7
+    width = 3 * heads * e
+
+    def session(nodes, inputs, outputs):
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        )
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("graphtrain", 1)]
+        return ge.Session(
+            ge.Model.from_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+        )
+
+    def attention(ins, **kw):
+        return helper.make_node(
+            "Attention", ins, ["y", "lse"], domain="graphtrain", packed=1, heads=heads, **kw
+        )
+
+    def grad(ins):
+        return helper.make_node(
+            "AttentionGrad", ins, ["dx"], domain="graphtrain", packed=1, heads=heads
+        )
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, t, width), np.float32)
+    b = rng.standard_normal(width, np.float32)
+    dy = rng.standard_normal((2, t, heads, e), np.float32)
+    mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
+    io = [("x", [2, t, width]), ("b", [width]), ("mask", [t, t])]
+    added = session(
+        [helper.make_node("Add", ["x", "b"], ["xb"]), attention(["xb", "", "", "mask"])],
+        io,
+        ["y", "lse"],
+    )
+    folded = session([attention(["x", "", "", "mask", "b"])], io, ["y", "lse"])
+    feeds = {"x": x, "b": b, "mask": mask}
+    y, lse = added.run(feeds)
+    y2, lse2 = folded.run(feeds)
+    np.testing.assert_array_equal(y2, y)
+    np.testing.assert_array_equal(lse2, lse)
+    gio = [("dy", dy.shape), ("x", x.shape), ("y", y.shape), ("lse", lse.shape), ("mask", [t, t])]
+    (dx,) = session([grad(["dy", "x", "", "", "y", "lse", "mask"])], gio, ["dx"]).run(
+        {"dy": dy, "x": x + b, "y": y, "lse": lse, "mask": mask}
+    )
+    (dx2,) = session(
+        [grad(["dy", "x", "", "", "y", "lse", "mask", "", "b"])], gio + [("b", [width])], ["dx"]
+    ).run({"dy": dy, "x": x, "y": y, "lse": lse, "mask": mask, "b": b})
+    np.testing.assert_array_equal(dx2, dx)
+    with pytest.raises(Exception, match="qkv bias must be"):
+        session(
+            [attention(["x", "", "", "mask", "b"])],
+            io[:1] + [("b", [width - 1])] + io[2:],
+            ["y", "lse"],
+        )

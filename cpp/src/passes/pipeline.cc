@@ -18,8 +18,8 @@ const std::vector<Pass>& pass_pipeline() {
        recognize_gelu, true},
       {"recognize_attention",
        "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads (and a "
-       "fused qkv projection's output) in place of the Transposes and the Split around it, "
-       "before autodiff",
+       "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "
+       "and the bias Add around it, before autodiff",
        recognize_attention, true},
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},

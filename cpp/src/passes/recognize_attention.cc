@@ -20,6 +20,9 @@
 // - Such an Attention whose Q, K and V are the three equal parts of one Split of X's last dim, each
 //   reshaped to [..., t, h, d] (a fused qkv projection), takes X whole (packed=1, heads=h): no
 //   Split forward, no Concat of dQ, dK, dV backward.
+// - A packed Attention whose X is the projection's bias Add (X = Y + b, b of shape [3 h d]) takes
+//   Y and b (input 4) and adds b to what it reads: the forward does not write X, and autodiff
+//   gives b the gradient the Add would (dX summed over the rows).
 //
 // Matches only where the inner values (scores, probabilities) are read by nothing else and Q, K
 // and V have the same batch and head dims (MatMul would broadcast them; Attention does not).
@@ -339,6 +342,43 @@ size_t pack_qkv(Graph& graph) {
   return packed;
 }
 
+// A packed Attention whose X = Add(Y, b), b a float [3 D] and Y of X's shape, X read by nothing
+// else -> Attention(Y, -, -, mask, b).
+size_t fold_qkv_bias(Graph& graph) {
+  size_t folded = 0;
+  for (Node* n : attention_nodes(graph)) {
+    if (n->attr_int("packed", 0) == 0 || n->input(4)) continue;
+    Value* x = n->input(0);
+    Node* add = x->producer();
+    if (!add || add->op_type != "Add" || !add->domain.empty() || !read_only_by(graph, x, n) ||
+        add->inputs().size() != 2)
+      continue;
+    const SymShape* sx = shape_of(x);
+    Value *y = nullptr, *b = nullptr;
+    for (size_t i = 0; i < 2 && sx && !sx->empty(); ++i) {
+      Value *first = add->input(i), *second = add->input(1 - i);
+      const SymShape *sf = shape_of(first), *ss = shape_of(second);
+      if (sf && *sf == *sx && ss && ss->size() == 1 && (*ss)[0] == sx->back() &&
+          second->type.dtype == DType::kFloat32) {
+        y = first;
+        b = second;
+        break;
+      }
+    }
+    if (!y) continue;
+    std::vector<Value*> ins = {y, nullptr, nullptr, n->input(3), b};
+    Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
+    att->attributes = n->attributes;
+    att->scope = n->scope;
+    for (size_t i = 0; i < n->outputs().size(); ++i)
+      if (n->output(i)) graph.move_output(n->output(i), att, i);
+    graph.remove_node(n);
+    graph.remove_node(add);
+    ++folded;
+  }
+  return folded;
+}
+
 }  // namespace
 
 size_t recognize_attention(Graph& graph) {
@@ -346,7 +386,8 @@ size_t recognize_attention(Graph& graph) {
   size_t n = fuse_written_attention(graph);
   if (n) infer_shapes(graph);
   n += fold_head_transposes(graph);
-  return n + pack_qkv(graph);
+  n += pack_qkv(graph);
+  return n + fold_qkv_bias(graph);
 }
 
 }  // namespace graphtrain

@@ -56,6 +56,13 @@ std::optional<Shapes> attention_shapes(InferenceContext& ctx, const SymShape* q,
 
 void attention(InferenceContext& ctx) {
   DType dtype = ctx.input_dtype(0);
+  if (ctx.num_inputs() > 4 && ctx.has_input(4)) {  // packed: the qkv projection's bias
+    if (ctx.node().attr_int("packed", 0) == 0) ctx.fail("a qkv bias (input 4) needs packed=1");
+    const SymShape *x = ctx.input_shape(0), *b = ctx.input_shape(4);
+    if (x && b && !x->empty() && (b->size() != 1 || (*b)[0] != x->back()))
+      ctx.fail(str_cat("the qkv bias must be [", x->back().to_string(), "] (X's last dim), got ",
+                       sym_shape_to_string(*b)));
+  }
   ctx.set_output(2, DType::kInt64, SymShape{});
   std::optional<Shapes> s =
       attention_shapes(ctx, ctx.input_shape(0), ctx.input_shape(1), ctx.input_shape(2));

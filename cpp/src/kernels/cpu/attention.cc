@@ -10,7 +10,9 @@
 // writes before the heads are transposed out, read and written through strides; LSE and the mask
 // keep the [..., H, Lq(, Lk)] layout), packed with heads (1: one X [..., L, 3 H E] holds Q, K and
 // V side by side in each row, a fused projection's output; Y is [..., L, H, E], the gradient is
-// one dX).
+// one dX). Packed, an optional input 4 is the projection's bias [3 H E], added to each row of X as
+// it is read (recognize_attention folds the projection's bias Add into the Attention: X is
+// neither written with the bias nor read twice).
 //
 // Tiled as flash attention: a thread holds one block of scores (kTileQ rows x up to kBlockK keys)
 // at a time and keeps a running max and sum per query row; the T x T probabilities never exist.
@@ -81,6 +83,21 @@ void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_sr
     for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
 }
 
+// dst[r * cols + c] = src[r * ld + c] + bias[c]: rows of one head of a packed X with the fused
+// projection's bias added, contiguous (the same single rounding as the Add it replaces).
+void add_bias_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+                   float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[r * ld + c] + bias[c];
+}
+
+// t[c * ld + j] += bias[c] for c < rows, j < cols: the bias of a transposed block (keys or values
+// as columns).
+void add_bias_transposed(float* t, int64_t ld, int64_t rows, int64_t cols, const float* bias) {
+  for (int64_t c = 0; c < rows; ++c)
+    for (int64_t j = 0; j < cols; ++j) t[c * ld + j] += bias[c];
+}
+
 // Where one operand's heads are: head h of batch b starts at element at(b, h), and its rows are
 // `row` elements apart.
 struct Operand {
@@ -100,6 +117,10 @@ struct Geometry {
   // broadcast.
   const void* mask = nullptr;
   bool mask_bool = false;
+  // Packed: the projection's bias [3 D] (input 4 of Attention, 8 of AttentionGrad), or null.
+  const float* bias = nullptr;
+  // The bias of operand o's head h: packed rows hold Q, K, V at columns base + h * head.
+  const float* bias_of(const Operand& o, int64_t h) const { return bias + o.base + h * o.head; }
   int64_t m_b = 0, m_h = 0, m_q = 0, m_k = 0;
   uint64_t key = 0;
   // With a mask: for each tile of kTileQ query rows (and each batch and head the mask varies
@@ -145,11 +166,12 @@ struct Geometry {
     return end;
   }
 
-  // scores[r][c] = scale * (Q K^T)[q0 + r][k0 + c] + mask, -inf where masked out; qp: the head's
-  // row 0, kt: the transposed keys from key k0 on, [e, nk] with rows ldkt apart.
-  void scores(const float* qp, const float* kt, int64_t ldkt, int64_t b, int64_t h, int64_t q0,
-              int64_t nq, int64_t k0, int64_t nk, float* s) const {
-    vec_small_gemm(nq, nk, e, scale, qp + q0 * oq.row, oq.row, 1, kt, ldkt, false, s, nk);
+  // scores[r][c] = scale * (Q K^T)[q0 + r][k0 + c] + mask, -inf where masked out; qrows: query
+  // row q0, the rows ldq apart; kt: the transposed keys from key k0 on, [e, nk] with rows ldkt
+  // apart.
+  void scores(const float* qrows, int64_t ldq, const float* kt, int64_t ldkt, int64_t b, int64_t h,
+              int64_t q0, int64_t nq, int64_t k0, int64_t nk, float* s) const {
+    vec_small_gemm(nq, nk, e, scale, qrows, ldq, 1, kt, ldkt, false, s, nk);
     if (mask) {
       for (int64_t r = 0; r < nq; ++r) {
         int64_t base = b * m_b + h * m_h + (q0 + r) * m_q + k0 * m_k;
@@ -192,7 +214,7 @@ struct Geometry {
 // Q, K and V: three tensors, or (attribute packed) q alone, [..., L, 3 D] holding them side by
 // side in each row (a fused projection's output), with attribute heads.
 Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor* mask) {
+                  const Tensor* mask, const Tensor* bias) {
   Geometry g;
   const Node& n = ctx.node();
   size_t r = q.rank();
@@ -211,7 +233,14 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
     g.ok = {d, g.lq * width, g.e, width};
     g.ov = {2 * d, g.lq * width, g.e, width};
     g.oy = {0, g.lq * d, g.e, d};  // Y [..., L, H, E]
+    if (bias) {
+      if (bias->dtype() != F32 || bias->numel() != width)
+        ctx.fail(str_cat("the qkv bias must be float32 with ", width,
+                         " elements (X's last dim), got ", bias->describe()));
+      g.bias = bias->data<float>();
+    }
   } else {
+    if (bias) ctx.fail("a qkv bias (Attention's input 4) needs packed=1");
     bool inside = n.attr_int("heads_inside", 0) != 0;
     if (r < (inside ? 3u : 2u) || k.rank() != r || v.rank() != r)
       ctx.fail(str_cat("Q, K and V must have the same rank, ", inside ? 3 : 2, " or more; got ",
@@ -301,7 +330,7 @@ class AttentionKernel : public OpKernel {
     const Tensor& k = packed ? q : ctx.input(1);
     const Tensor& v = packed ? q : ctx.input(2);
     const Tensor* mask = ctx.has_input(3) ? &ctx.input(3) : nullptr;
-    Geometry g = geometry(ctx, q, k, v, mask);
+    Geometry g = geometry(ctx, q, k, v, mask, ctx.has_input(4) ? &ctx.input(4) : nullptr);
     g.key = g.dropout > 0 ? mix(seed_ ^ mix(calls_++)) : 0;
     Shape ys = q.shape();
     ys.back() = g.ev;
@@ -325,25 +354,39 @@ class AttentionKernel : public OpKernel {
       std::vector<float> s(static_cast<size_t>(kTileQ * kBlockK));
       std::vector<float> m(kBlockQ), l(kBlockQ), acc(static_cast<size_t>(kBlockQ * g.ev));
       std::vector<float> kt(static_cast<size_t>(g.e * kBlockK));
+      // With a bias: this block's queries and the head's values, biased (contiguous rows).
+      std::vector<float> qb(g.bias ? static_cast<size_t>(kBlockQ * g.e) : 0);
+      std::vector<float> vb(g.bias ? static_cast<size_t>(g.lk * g.ev) : 0);
       for (int64_t t = t0; t < t1; ++t) {
-        int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb = t % qblocks;
-        int64_t q0 = qb * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
+        int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb_index = t % qblocks;
+        int64_t q0 = qb_index * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
         int64_t hk = h / g.group();
-        const float* qp = pq + g.oq.at(b, h);
         const float* kp = pk + g.ok.at(b, hk);
-        const float* vp = pv + g.ov.at(b, hk);
+        // Query row q0 and the value rows, and their strides.
+        const float* qrows = pq + g.oq.at(b, h) + q0 * g.oq.row;
+        const float* vrows = pv + g.ov.at(b, hk);
+        int64_t ldq = g.oq.row, ldv = g.ov.row;
         std::fill(m.begin(), m.end(), kNegInf);
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
         int64_t kend = g.visible_end(b, h, q0, nq);
+        if (g.bias) {
+          add_bias_rows(qrows, ldq, nq, g.e, g.bias_of(g.oq, h), qb.data());
+          add_bias_rows(vrows, ldv, kend, g.ev, g.bias_of(g.ov, hk), vb.data());
+          qrows = qb.data();
+          vrows = vb.data();
+          ldq = g.e;
+          ldv = g.ev;
+        }
         for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
           int64_t nk = std::min(kBlockK, kend - k0);
           transpose_block(kp + k0 * g.ok.row, nk, g.e, g.ok.row, kt.data(), nk);
+          if (g.bias) add_bias_transposed(kt.data(), nk, g.e, nk, g.bias_of(g.ok, hk));
           for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
             int64_t nr = std::min(kTileQ, nq - r0);
             int64_t cols = std::min(g.visible_end(b, h, q0 + r0, nr), k0 + nk) - k0;
             if (cols <= 0) continue;  // these rows see nothing here
-            g.scores(qp, kt.data(), nk, b, h, q0 + r0, nr, k0, cols, s.data());
+            g.scores(qrows + r0 * ldq, ldq, kt.data(), nk, b, h, q0 + r0, nr, k0, cols, s.data());
             for (int64_t r = 0; r < nr; ++r) {
               float* row = s.data() + r * cols;
               float& mr = m[static_cast<size_t>(r0 + r)];
@@ -367,8 +410,8 @@ class AttentionKernel : public OpKernel {
                                ? row[c] * drop_scale
                                : 0.0f;
             }
-            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vp + k0 * g.ov.row, g.ov.row,
-                           true, acc.data() + r0 * g.ev, g.ev);
+            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vrows + k0 * ldv, ldv, true,
+                           acc.data() + r0 * g.ev, g.ev);
           }
         }
         float* yp = py + g.oy.at(b, h);
@@ -389,9 +432,9 @@ class AttentionKernel : public OpKernel {
 };
 
 // AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV, dMask?); packed: (dY, X, -, -,
-// Y, ...) -> (dX, -, -, dMask?). One task per (batch, key/value head): it owns dK and dV of that
-// head and dQ of the query heads reading it, so no two tasks write one element and every sum runs
-// in a fixed order.
+// Y, ..., qkv bias?) -> (dX, -, -, dMask?), the bias at input 8. One task per (batch, key/value
+// head): it owns dK and dV of that head and dQ of the query heads reading it, so no two tasks write
+// one element and every sum runs in a fixed order.
 void attention_grad(KernelContext& ctx) {
   bool packed = ctx.node().attr_int("packed", 0) != 0;
   const Tensor& dy = ctx.input(0);
@@ -401,7 +444,7 @@ void attention_grad(KernelContext& ctx) {
   const Tensor& y = ctx.input(4);
   const Tensor& lse = ctx.input(5);
   const Tensor* mask = ctx.has_input(6) ? &ctx.input(6) : nullptr;
-  Geometry g = geometry(ctx, q, k, v, mask);
+  Geometry g = geometry(ctx, q, k, v, mask, ctx.has_input(8) ? &ctx.input(8) : nullptr);
   g.key = ctx.has_input(7) ? static_cast<uint64_t>(ctx.input(7).to_int64_vector()[0]) : 0;
   Tensor& dq = ctx.allocate_output(0, F32, q.shape());
   Tensor& dk = packed ? dq : ctx.allocate_output(1, F32, k.shape());
@@ -427,14 +470,25 @@ void attention_grad(KernelContext& ctx) {
                  // The head's keys and values, transposed once: [e, lk] and [ev, lk].
                  std::vector<float> kt(static_cast<size_t>(g.e * g.lk)),
                      vt(static_cast<size_t>(g.ev * g.lk));
+                 // With a bias: the head's keys and each query head's queries, biased.
+                 std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
+                 std::vector<float> qb(g.bias ? static_cast<size_t>(g.lq * g.e) : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    int64_t b = t / g.hk, hk = t % g.hk;
                    const float* kp = pk + g.ok.at(b, hk);
                    const float* vp = pv + g.ov.at(b, hk);
                    float* dkp = pdk + g.ok.at(b, hk);
                    float* dvp = pdv + g.ov.at(b, hk);
-                   transpose_block(kp, g.lk, g.e, ldk, kt.data(), g.lk);
+                   int64_t ldk_in = ldk;  // the stride of the keys read (biased: contiguous)
+                   if (g.bias) {
+                     add_bias_rows(kp, ldk, g.lk, g.e, g.bias_of(g.ok, hk), kb.data());
+                     kp = kb.data();
+                     ldk_in = g.e;
+                   }
+                   transpose_block(kp, g.lk, g.e, ldk_in, kt.data(), g.lk);
                    transpose_block(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
+                   if (g.bias)
+                     add_bias_transposed(vt.data(), g.lk, g.ev, g.lk, g.bias_of(g.ov, hk));
                    // This task's slices of the gradients, zeroed here (in parallel) to be summed
                    // into.
                    for (int64_t c = 0; c < g.lk; ++c) {
@@ -443,6 +497,12 @@ void attention_grad(KernelContext& ctx) {
                    }
                    for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
                      const float* qp = pq + g.oq.at(b, h);
+                     int64_t ldq_in = ldq;
+                     if (g.bias) {
+                       add_bias_rows(qp, ldq, g.lq, g.e, g.bias_of(g.oq, h), qb.data());
+                       qp = qb.data();
+                       ldq_in = g.e;
+                     }
                      const float* dyp = pdy + g.oy.at(b, h);
                      const float* yp = py + g.oy.at(b, h);
                      const float* lp = pl + (b * g.hq + h) * g.lq;
@@ -458,7 +518,8 @@ void attention_grad(KernelContext& ctx) {
                        int64_t kend = g.visible_end(b, h, q0, nq);
                        for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
                          int64_t nk = std::min(kBlockK, kend - k0);
-                         g.scores(qp, kt.data() + k0, g.lk, b, h, q0, nq, k0, nk, p.data());
+                         g.scores(qp + q0 * ldq_in, ldq_in, kt.data() + k0, g.lk, b, h, q0, nq, k0,
+                                  nk, p.data());
                          for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
                            float shift = lp[q0 + r];
                            float* row = p.data() + r * nk;
@@ -466,7 +527,7 @@ void attention_grad(KernelContext& ctx) {
                              std::fill(row, row + nk, 0.0f);
                              continue;
                            }
-                           vec::map(row, row, nk, [shift](auto x) { return vec::exp(x - shift); });
+                           vec_exp_sum(row, row, nk, shift);  // 16 lanes where the CPU has them
                          }
                          // dP = dY V^T
                          vec_small_gemm(nq, nk, g.ev, 1.0f, dyp + q0 * ldy, ldy, 1, vt.data() + k0,
@@ -494,10 +555,10 @@ void attention_grad(KernelContext& ctx) {
                            if (pdm)
                              std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
                          }
-                         vec_small_gemm(nq, g.e, nk, g.scale, dp.data(), nk, 1, kp + k0 * ldk, ldk,
-                                        true, dqp + q0 * ldq, ldq);
-                         vec_small_gemm(nk, g.e, nq, g.scale, dp.data(), 1, nk, qp + q0 * ldq, ldq,
-                                        true, dkp + k0 * ldk, ldk);
+                         vec_small_gemm(nq, g.e, nk, g.scale, dp.data(), nk, 1, kp + k0 * ldk_in,
+                                        ldk_in, true, dqp + q0 * ldq, ldq);
+                         vec_small_gemm(nk, g.e, nq, g.scale, dp.data(), 1, nk, qp + q0 * ldq_in,
+                                        ldq_in, true, dkp + k0 * ldk, ldk);
                        }
                      }
                    }
