@@ -7,7 +7,9 @@
 #include <cstring>
 #include <map>
 
+#include "graphtrain/autodiff.h"
 #include "graphtrain/error.h"
+#include "graphtrain/ops.h"
 #include "graphtrain/options.h"
 #include "graphtrain/passes.h"
 #include "graphtrain/session.h"
@@ -76,15 +78,16 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"recognize_gelu", "recognize_attention", "identities",
-                                      "constant_folding", "dead_code", "fold_transposes",
-                                      "fuse_softmax", "fuse_layer_norm", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "recognize_attention",
+                                             "fuse_loss_gradient", "identities", "constant_folding",
+                                             "dead_code", "fold_transposes", "fuse_softmax",
+                                             "fuse_layer_norm", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(before.size(), 3u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
   EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_attention", 0}));
+  EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -199,7 +202,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, identities, "
+    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, fuse_loss_gradient, "
+                       "identities, "
                        "constant_folding, dead_code, "
                        "fold_transposes, fuse_softmax, fuse_layer_norm, fuse_elementwise, "
                        "memory_plan"),
@@ -811,6 +815,62 @@ TEST_F(PassesTest, RecognizeAttentionKeepsABiasAddWithOtherReaders) {
   ASSERT_NE(att, nullptr);
   EXPECT_EQ(att->inputs(), (std::vector<Value*>{x, nullptr, nullptr}));
   EXPECT_EQ(count(g, "Add"), 1u);
+}
+
+// ---- fuse_loss_gradient ------------------------------------------------------------------------
+
+// scores [5, 7] -> SoftmaxCrossEntropyLoss against fixed labels (one ignored, with weights), the
+// scores' gradient through autodiff; `scale` multiplies the loss (dloss = scale).
+std::vector<std::vector<float>> loss_and_gradient(bool fuse, const std::string& reduction,
+                                                  float scale, size_t* fused) {
+  Graph g = new_graph("loss");
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(5), SymDim(7)}});
+  Value* labels = g.add_initializer(
+      "labels", Tensor::from_vector<int64_t>(DType::kInt64, {5}, {3, 0, 6, 2, 3}));
+  Value* weights = g.add_initializer(
+      "weights", Tensor::from_vector<float>(DType::kFloat32, {7}, {1, 2, 1, 0.5f, 1, 1, 3}));
+  Node* loss = g.add_node("SoftmaxCrossEntropyLoss", {x, labels, weights}, {"raw"});
+  loss->attributes["reduction"] = Attribute::of(reduction);
+  loss->attributes["ignore_index"] = Attribute::of(int64_t{2});
+  Value* c = g.add_initializer("c", Tensor::from_vector<float>(DType::kFloat32, {}, {scale}));
+  Node* mul = g.add_node("Mul", {loss->output(0), c}, {"loss"});
+  g.add_output(mul->output(0));
+  infer_shapes(g);
+  *fused = fuse ? fuse_loss_gradient(g) : 0;
+  GradientGraphs gg = build_gradient_graphs(g, {{"loss"}, true, {"x"}});
+  Session fwd(std::move(gg.forward)), bwd(std::move(gg.backward));
+  Tensor xs = Tensor::empty(DType::kFloat32, {5, 7});
+  for (int64_t k = 0; k < 35; ++k) xs.data<float>()[k] = static_cast<float>((k * 37) % 23) / 5.0f;
+  std::vector<Tensor> out = fwd.run(std::vector<Tensor>{xs});
+  std::vector<Tensor> grads = bwd.run(std::vector<Tensor>(out.begin() + 1, out.end()));
+  return {{out[0].data<float>(), out[0].data<float>() + 1},
+          {grads[0].data<float>(), grads[0].data<float>() + 35}};
+}
+
+TEST_F(PassesTest, FuseLossGradientWritesTheGradientInTheForward) {
+  for (const char* reduction : {"mean", "sum"})
+    for (float scale : {1.0f, 0.25f}) {
+      size_t fused = 0, unfused = 0;
+      auto want = loss_and_gradient(false, reduction, scale, &unfused);
+      auto got = loss_and_gradient(true, reduction, scale, &fused);
+      EXPECT_EQ(fused, 1u);
+      expect_near(got, want, 1e-6f);
+    }
+}
+
+TEST_F(PassesTest, FuseLossGradientLeavesPerItemLossesAndReadLogProbs) {
+  Graph g = new_graph("losses");
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(5), SymDim(7)}});
+  Value* labels = g.add_initializer(
+      "labels", Tensor::from_vector<int64_t>(DType::kInt64, {5}, {1, 0, 6, 2, 3}));
+  Node* none = g.add_node("SoftmaxCrossEntropyLoss", {x, labels}, {"per_item"});
+  none->attributes["reduction"] = Attribute::of(std::string("none"));
+  Node* read = g.add_node("SoftmaxCrossEntropyLoss", {x, labels}, {"loss", "log_prob"});
+  g.add_output(none->output(0));
+  g.add_output(read->output(0));
+  g.add_output(read->output(1));
+  EXPECT_EQ(fuse_loss_gradient(g), 0u);
+  EXPECT_EQ(count(g, "SoftmaxCrossEntropyLoss"), 2u);
 }
 
 // ---- fuse_layer_norm ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class _Runner:
         custom_function.prepare(model)  # PythonOps: their Functions and shape inferers
         self.fallbacks = _fallback.fallback_ops(model)  # ATen op -> modules, before any pass
         self.num_nodes = model.num_nodes
-        model.optimize(f"{label} captured", before_autodiff=True)  # recognize_gelu
+        model.optimize(f"{label} captured", before_autodiff=True)  # recognize_gelu, ...
         names = [i.name for i in captured.inputs]
         self.wrt = [i.name for i, w in zip(captured.inputs, wants) if w]
         self.wrt_index = [k for k, w in enumerate(wants) if w]

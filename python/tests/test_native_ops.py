@@ -316,3 +316,45 @@ def test_packed_attention_adds_the_qkv_bias_as_it_reads():
             io[:1] + [("b", [width - 1])] + io[2:],
             ["y", "lse"],
         )
+
+
+class Classifier(nn.Module):
+    def __init__(self, reduction: str, weighted: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 11)
+        self.reduction = reduction
+        self.register_buffer("w", torch.rand(11) + 0.5 if weighted else None)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(
+            self.fc(x), labels, weight=self.w, reduction=self.reduction, ignore_index=4
+        )
+
+
+@pytest.mark.parametrize("reduction, weighted", [("mean", False), ("sum", True), ("mean", True)])
+def test_cross_entropy_writes_its_gradient_in_the_forward(tmp_path, reduction, weighted):
+    """fuse_loss_gradient: the loss is graphtrain::SoftmaxCrossEntropyLoss, whose forward writes
+    the scores' gradient for dloss = 1; the backward scales it by dloss (its unit=1 gradient op).
+    Gradients match torch's for loss.backward() (dloss 1: the gradient handed on as it is) and for
+    a scaled loss, with ignored labels and class weights."""
+    torch.manual_seed(0)
+    model = Classifier(reduction, weighted)
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="ce", save_path=str(tmp_path))
+    gm = GraphModule(model, debug)
+    x = torch.randn(9, 8)
+    labels = torch.tensor([1, 4, 10, 0, 4, 3, 3, 7, 2])
+    for scale in (1.0, 0.3):
+        ref = model(x, labels) * scale
+        grads_ref = torch.autograd.grad(ref, list(model.parameters()))
+        out = gm(x, labels) * scale
+        grads = torch.autograd.grad(out, list(model.parameters()))
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        for a, b in zip(grads, grads_ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    onnx = pytest.importorskip("onnx")
+    fwd = onnx.load(tmp_path / "ce_train_training_forward.onnx").graph
+    bwd = onnx.load(tmp_path / "ce_train_training_backward.onnx").graph
+    (loss,) = [n for n in fwd.node if n.op_type == "SoftmaxCrossEntropyLoss"]
+    assert loss.domain == "graphtrain" and len(loss.output) == 2
+    (grad,) = [n for n in bwd.node if n.op_type == "SoftmaxCrossEntropyLossGrad"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in grad.attribute}["unit"] == 1

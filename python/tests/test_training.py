@@ -160,21 +160,21 @@ def test_mlp_stash_is_minimal(exported):
             # to autodiff (recognize_gelu), which reads only its input
             "/model/fc2/Gemm_output_0",
             "/model/Mul_1_output_0",  # head.weight's gradient
-            "/model/head/Gemm_output_0",  # the loss's gradient reads the scores
-            "labels",
             "model.fc2.weight",
             "model.head.weight",
             "model.norm.weight",  # input gradients
         ]
     )
-    # The builder's own values: LayerNorm's mean and inverse std.
+    # The builder's own values: LayerNorm's mean and inverse std, and the scores' gradient that
+    # the loss writes in the forward (fuse_loss_gradient), in place of the scores and labels.
     extra = [s for s in stashed if s not in expected]
     assert sorted(s.split("_out")[0] for s in extra) == [
+        "/SoftmaxCrossEntropyLoss",
         "/model/norm/LayerNormalization",
         "/model/norm/LayerNormalization",
     ], extra
     assert set(expected) <= set(stashed)
-    assert len(stashed) == 12
+    assert len(stashed) == 11
 
 
 def test_clear_errors(exported, tmp_path):

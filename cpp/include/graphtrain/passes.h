@@ -51,6 +51,11 @@ size_t recognize_gelu(Graph& graph);
 // Returns how many rewrites. Before autodiff.
 size_t recognize_attention(Graph& graph);
 
+// SoftmaxCrossEntropyLoss (mean or sum, [N, C] scores, log_prob unread) becomes
+// graphtrain::SoftmaxCrossEntropyLoss, which writes the scores' gradient for dloss = 1 in the
+// forward from the exponentials it computes anyway. Returns how many. Before autodiff.
+size_t fuse_loss_gradient(Graph& graph);
+
 // Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act
 // outside the graph, stay); returns how many.
 size_t eliminate_dead_nodes(Graph& graph);

@@ -1,4 +1,4 @@
-// Gradient rules: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss.
+// Gradient rules: Softmax, LogSoftmax and SoftmaxCrossEntropyLoss (ONNX's and graphtrain's).
 #include "graphtrain/autodiff.h"
 #include "graphtrain/ops.h"
 
@@ -31,6 +31,14 @@ const bool registered = [] {
                        {{"axis", int_attr(c.node().attr_int("axis", -1))}}, GT));
   });
   register_gradient("", "SoftmaxCrossEntropyLoss", softmax_cross_entropy);
+  // graphtrain's (fuse_loss_gradient): the forward writes the gradient for dloss = 1 (output 1,
+  // added on request); the backward scales it by dloss, or hands it on when dloss is 1.
+  register_gradient(GT, "SoftmaxCrossEntropyLoss", [](Ctx& c) {
+    std::map<std::string, Attribute> attrs;
+    attrs["reduction"] = Attribute::of(c.node().attr_string("reduction", "mean"));
+    attrs["unit"] = int_attr(1);
+    c.set_grad(0, c.op("SoftmaxCrossEntropyLossGrad", {c.output_grad(0), c.output(1)}, attrs, GT));
+  });
   return true;
 }();
 

@@ -109,9 +109,9 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "Run the graph passes (cpp/src/passes/) on the captured graph and on the forward and "
            "backward graphs; 0 runs none, for an exact-parity run (passes)."),
       spec("disable_passes", T::kString, "", "GRAPHTRAIN_DISABLE_PASSES",
-           "Comma-separated passes not to run: recognize_gelu, recognize_attention, identities, "
-           "constant_folding, dead_code, fold_transposes, fuse_softmax, fuse_layer_norm, "
-           "fuse_elementwise, memory_plan (passes)."),
+           "Comma-separated passes not to run: recognize_gelu, recognize_attention, "
+           "fuse_loss_gradient, identities, constant_folding, dead_code, fold_transposes, "
+           "fuse_softmax, fuse_layer_norm, fuse_elementwise, memory_plan (passes)."),
       spec("save_onnx_path", T::kPath, "", "GRAPHTRAIN_SAVE_ONNX_PATH",
            "Folder where captured and optimized graphs are saved as .onnx files; empty saves none "
            "(GraphModule)."),

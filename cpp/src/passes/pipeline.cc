@@ -21,6 +21,11 @@ const std::vector<Pass>& pass_pipeline() {
        "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "
        "and the bias Add around it, before autodiff",
        recognize_attention, true},
+      {"fuse_loss_gradient",
+       "softmax cross-entropy writes its gradient in the forward, from the exponentials it "
+       "computes anyway; the backward scales it by dloss (nothing to do when dloss is 1), before "
+       "autodiff",
+       fuse_loss_gradient, true},
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},
       {"constant_folding", "nodes of small constant inputs are computed once, at build time",

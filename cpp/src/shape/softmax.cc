@@ -36,6 +36,8 @@ const bool registered = [] {
   register_shape_inferer(GT, "SoftmaxCrossEntropyLossGrad",
                          [](InferenceContext& ctx) { infer_like_input(ctx, 0, 1); });
   register_shape_inferer("", "SoftmaxCrossEntropyLoss", softmax_cross_entropy);
+  // graphtrain's: output 1 is the scores' gradient for dloss = 1 (fuse_loss_gradient).
+  register_shape_inferer(GT, "SoftmaxCrossEntropyLoss", softmax_cross_entropy);
   for (const char* op : {"Softmax", "LogSoftmax"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
   return true;

@@ -105,6 +105,11 @@ void fused_softmax(KernelContext& ctx) {
   });
 }
 
+// SoftmaxCrossEntropyLoss (ONNX: outputs loss and log_prob), and graphtrain's (kUnitGrad:
+// outputs loss and, when requested, the gradient of the scores for dloss = 1, written from the
+// exponentials the loss computes anyway; fuse_loss_gradient makes it, for [N, C] scores and a
+// mean or sum reduction).
+template <bool kUnitGrad>
 void softmax_cross_entropy(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
   const Tensor& labels_t = ctx.input(1);
@@ -126,28 +131,49 @@ void softmax_cross_entropy(KernelContext& ctx) {
   bool has_ignore = ctx.node().has_attr("ignore_index");
   int64_t ignore = ctx.node().attr_int("ignore_index", 0);
   std::string reduction = ctx.node().attr_string("reduction", "mean");
+  auto skipped = [&](int64_t label) {
+    return (has_ignore && label == ignore) || label < 0 || label >= c;
+  };
+  double weight_sum = 0;  // of the items not ignored: the mean's divisor
+  for (int64_t label : labels)
+    if (!skipped(label)) weight_sum += w ? w[label] : 1.0;
 
   // The log-sum-exp of each item's scores; log_prob (scores - lse, in [N, C, spatial] layout) only
   // when something reads it: the gradient reads the scores (4 MB of a GPT's logits not written).
+  // kUnitGrad: output 1 is the scores' gradient for dloss = 1, coef * (softmax - onehot), coef =
+  // w[label] (/ weight_sum for the mean): each row's exponentials are written there and scaled.
   const float* ps = scores.data<float>();
   float* pl = ctx.output_requested(1)
                   ? ctx.allocate_output(1, DType::kFloat32, scores.shape()).data<float>()
                   : nullptr;
+  if (kUnitGrad && (spatial != 1 || (reduction != "mean" && reduction != "sum")))
+    ctx.fail("the gradient in the forward needs scores [N, C] and a mean or sum reduction");
   std::vector<float> lse(static_cast<size_t>(n * spatial));
   parallel_for(ctx, n * spatial, c * 4, [&](int64_t lo, int64_t hi) {
-    std::vector<float> e(static_cast<size_t>(c));
+    std::vector<float> e(kUnitGrad && pl ? 0 : static_cast<size_t>(c));
     for (int64_t l = lo; l < hi; ++l) {
       int64_t i = l / spatial, s = l % spatial;
       int64_t base = i * c * spatial + s;
       float sum = 0;
-      float mx = exp_line(ps + base, c, spatial, e.data(), 1, &sum);
+      float* ex = kUnitGrad && pl ? pl + base : e.data();
+      float mx = exp_line(ps + base, c, spatial, ex, 1, &sum);
       float v = lse[static_cast<size_t>(l)] = mx + std::log(sum);
-      if (pl)
+      if (kUnitGrad && pl) {
+        int64_t label = labels[static_cast<size_t>(l)];
+        float coef = 0;
+        if (!skipped(label)) {
+          double wl = w ? w[label] : 1.0;
+          coef = static_cast<float>(reduction == "mean" ? wl / weight_sum : wl);
+        }
+        const float k = coef / sum;
+        vec::map(ex, ex, c, [k](auto x) { return x * k; });
+        if (coef != 0) ex[label] -= coef;
+      } else if (pl) {
         for (int64_t k = 0; k < c; ++k) pl[base + k * spatial] = ps[base + k * spatial] - v;
+      }
     }
   });
   std::vector<float> loss(static_cast<size_t>(n * spatial));
-  double weight_sum = 0;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t s = 0; s < spatial; ++s) {
       int64_t idx = i * spatial + s;
@@ -161,7 +187,6 @@ void softmax_cross_entropy(KernelContext& ctx) {
       float wl = w ? w[label] : 1.0f;
       loss[static_cast<size_t>(idx)] =
           -wl * (ps[(i * c + label) * spatial + s] - lse[static_cast<size_t>(idx)]);
-      weight_sum += wl;
     }
   if (reduction == "none") {
     Tensor& out = ctx.allocate_output(0, DType::kFloat32, item_shape);
@@ -213,9 +238,25 @@ void softmax_grad(KernelContext& ctx) {
 }
 
 // SoftmaxCrossEntropyLossGrad(dloss, log_prob or scores (from_scores=1), labels, weights?): the
-// gradient of the scores, coef * (softmax - onehot(label)).
+// gradient of the scores, coef * (softmax - onehot(label)). With unit=1: (dloss, the gradient for
+// dloss = 1 that graphtrain::SoftmaxCrossEntropyLoss wrote), scaled by the scalar dloss: that
+// gradient itself, no copy, when dloss is 1 (loss.backward() of the loss).
 void sce_grad(KernelContext& ctx) {
   const Tensor& dloss = ctx.input(0);
+  if (ctx.node().attr_int("unit", 0) != 0) {
+    const Tensor& unit = ctx.input(1);
+    if (dloss.numel() != 1 || dloss.dtype() != F32)
+      ctx.fail("dloss must be a float32 scalar (a mean or sum reduction), got " + dloss.describe());
+    const float d = dloss.data<float>()[0];
+    if (d == 1.0f) return ctx.set_output(0, unit);
+    Tensor& dx = ctx.allocate_output(0, F32, unit.shape());
+    const float* u = unit.data<float>();
+    float* o = dx.data<float>();
+    parallel_for(ctx, unit.numel(), 1, [&](int64_t lo, int64_t hi) {
+      vec::map(u + lo, o + lo, hi - lo, [d](auto x) { return x * d; });
+    });
+    return;
+  }
   const Tensor& logp = ctx.input(1);
   const bool from_scores = ctx.node().attr_int("from_scores", 0) != 0;
   std::vector<int64_t> labels = ctx.input(2).to_int64_vector();
@@ -284,7 +325,8 @@ const bool registered = [] {
   register_kernel("", "Softmax", {DType::kFloat32}, softmax<false>);
   register_kernel(GT, "FusedSoftmax", {F32}, fused_softmax, 0, in_place({{0, 0}}));
   register_kernel("", "LogSoftmax", {DType::kFloat32}, softmax<true>);
-  register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy);
+  register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy<false>);
+  register_kernel(GT, "SoftmaxCrossEntropyLoss", {F32}, softmax_cross_entropy<true>);
   register_kernel(GT, "SoftmaxGrad", {F32}, softmax_grad<false>);
   register_kernel(GT, "LogSoftmaxGrad", {F32}, softmax_grad<true>);
   register_kernel(GT, "SoftmaxCrossEntropyLossGrad", {F32}, sce_grad);
