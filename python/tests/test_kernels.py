@@ -479,7 +479,7 @@ def test_conv1d_and_same_padding():
     assert pw.shape == (1, 5, 7, 7)
 
 
-@pytest.mark.parametrize("algorithm", ["AUTO", "IM2COL"])
+@pytest.mark.parametrize("algorithm", ["AUTO", "ONEDNN", "IM2COL"])
 @pytest.mark.parametrize(
     "shape, kernel, stride, pads, dil, group",
     [
@@ -489,16 +489,18 @@ def test_conv1d_and_same_padding():
         ((2, 8, 6, 6), (3, 3), 1, (1, 1, 1, 1), 1, 4),  # groups
         ((4, 16, 5, 5), (1, 1), 2, (0, 0, 0, 0), 1, 1),  # a strided shortcut
         ((3, 3, 12, 12), (7, 7), 2, (3, 3, 3, 3), 1, 1),  # a stem: three input channels
+        ((2, 32, 6, 6), (3, 3), 1, (1, 1, 1, 1), 1, 1),  # wide: 64 output channels
         ((2, 3, 11), (3,), 1, (1, 1), 1, 1),  # 1-D
     ],
 )
 def test_conv_forward_and_gradients(algorithm, shape, kernel, stride, pads, dil, group):
-    # Conv and graphtrain::ConvGrad against torch, on oneDNN's direct kernels (AUTO, where the
-    # build has them) and on im2col + GEMM.
+    # Conv and graphtrain::ConvGrad against torch, on oneDNN's direct kernels (ONEDNN, where the
+    # build has them), on im2col + GEMM, and as AUTO chooses (im2col for these small weights, and
+    # for the wide one, 64 output channels, oneDNN).
     graphtrain.set_option("conv_algorithm", algorithm)
     spatial = len(kernel)
     x = randn(*shape)
-    w = randn(16 if shape[1] == 16 else 8, shape[1] // group, *kernel)
+    w = randn({16: 16, 32: 64}.get(shape[1], 8), shape[1] // group, *kernel)
     b = randn(w.shape[0])
     attrs = {
         "strides": [stride] * spatial,

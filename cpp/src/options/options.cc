@@ -119,8 +119,10 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "Threads in graphtrain's thread pool; 0 uses one per core (engine).", {}, 0, 4096),
       spec("conv_algorithm", T::kEnum, "AUTO", "GRAPHTRAIN_CONV_ALGORITHM",
            "AUTO runs convolutions on oneDNN's direct kernels where it has one for the shape "
-           "(built with oneDNN), else im2col + GEMM; IM2COL always im2col + GEMM (engine).",
-           {"AUTO", "IM2COL"}),
+           "(built with oneDNN), else, and for small ones (at most 2048 weights), im2col + GEMM; "
+           "ONEDNN on oneDNN wherever it has a kernel, whatever the size; IM2COL always im2col + "
+           "GEMM (engine).",
+           {"AUTO", "ONEDNN", "IM2COL"}),
       spec("enable_zero_stage3", T::kBool, "0", "GRAPHTRAIN_ENABLE_ZERO_STAGE3",
            "GraphModule shards its model's parameters, gradients and optimizer state across "
            "the ranks of torch.distributed (graphtrain.distributed.zero3; build the optimizer "

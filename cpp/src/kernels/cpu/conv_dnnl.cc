@@ -29,8 +29,17 @@ namespace graphtrain::cpu {
 #ifdef GRAPHTRAIN_HAVE_DNNL
 namespace {
 
-bool im2col_forced() {
-  return Options::global().get_string("conv_algorithm") == "IM2COL";
+// IM2COL, or a small convolution: AUTO leaves convolutions of at most this many weights (a few
+// channels: a 3x3 conv from 8 to 16 channels has 1152) to im2col + GEMM. On those oneDNN's direct
+// kernels gain at most ~0.15 ms a layer (bench/results/conv.md), while a model whose convolutions
+// are all that small never touches oneDNN: ~7 MiB less peak memory (its JIT kernels, scratchpads
+// and the library code they run), more than such a model's activations.
+constexpr int64_t kIm2colMaxWeights = 2048;
+
+bool im2col_forced(const ConvShape& s) {
+  std::string algorithm = Options::global().get_string("conv_algorithm");
+  if (algorithm == "AUTO") return s.m * (s.c / s.group) * s.kh * s.kw <= kIm2colMaxWeights;
+  return algorithm == "IM2COL";  // ONEDNN: wherever it has a kernel
 }
 
 using dnnl::memory;
@@ -235,7 +244,7 @@ class Run {
 
 bool dnnl_conv_forward(ThreadPool& pool, const ConvShape& s, const float* x, const float* w,
                        const float* b, float* y) {
-  if (im2col_forced() || s.n == 0) return false;
+  if (im2col_forced(s) || s.n == 0) return false;
   Kind kind = b ? kForwardBias : kForward;
   Split split(s.n, pool.num_threads());
   if (!prims_for(s, split, kind)) return false;
@@ -259,7 +268,7 @@ bool dnnl_conv_forward(ThreadPool& pool, const ConvShape& s, const float* x, con
 
 bool dnnl_conv_backward(ThreadPool& pool, const ConvShape& s, const float* dy, const float* x,
                         const float* w, float* dx, float* dw) {
-  if (im2col_forced() || s.n == 0) return false;
+  if (im2col_forced(s) || s.n == 0) return false;
   Split split(s.n, pool.num_threads());
   if ((dx && !prims_for(s, split, kBackwardData)) || (dw && !prims_for(s, split, kBackwardWeights)))
     return false;
