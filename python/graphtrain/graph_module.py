@@ -196,6 +196,12 @@ class _EngineFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         runner: _Runner = ctx.runner
+        if ctx.run is None:  # an earlier backward released what this one would read
+            raise RuntimeError(
+                "graphtrain: a second backward through the same GraphModule call "
+                "(retain_graph=True) is not supported: the values its forward stashed are freed "
+                "by the first backward. Run the forward again for each backward."
+            )
         feeds = [
             runner.zero_gradient(*ctx.out_meta[k]) if grads[k] is None else grads[k].contiguous()
             for k in runner.float_outputs

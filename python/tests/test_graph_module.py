@@ -451,3 +451,13 @@ def test_split_into_one_part():
     torch.testing.assert_close(gm(x), model(x))
     gm(x).backward()
     torch.testing.assert_close(gm.module.w.grad, x.reshape(-1))
+
+
+def test_a_second_backward_through_one_call_is_refused_by_name():
+    """The first backward frees the values the forward stashed; retain_graph=True cannot keep
+    them, so a second backward says so instead of failing inside the engine."""
+    gm = GraphModule(nn.Linear(4, 3))
+    loss = gm(torch.randn(2, 4)).relu().sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward through the same GraphModule call"):
+        loss.backward()
