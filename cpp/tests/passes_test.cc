@@ -727,12 +727,10 @@ TEST_F(PassesTest, RecognizeAttentionReadsTheHeadsOfAttentionInPlace) {
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
-// A fused projection's output [b, t, 3 h d] split into q, k and v, each reshaped to [b, t, h, d]
-// and transposed to heads: the Attention reads the three parts of each row of X in place.
-TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
-  Graph g = new_graph("qkv");
-  Value* x =
-      g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+// x [b, 5, 24] split into q, k and v on its last dim, each reshaped to [b, 5, 2, 4] and transposed
+// to heads, an Attention (causal or not) on them, its output transposed back: a fused qkv
+// projection's attention. Returns the Attention.
+Node* attention_of_split(Graph& g, Value* x, bool causal) {
   Node* split = g.add_node(
       "Split",
       {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
@@ -743,9 +741,20 @@ TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
   std::vector<Value*> qkv;
   for (Value* part : split->outputs())
     qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
-  Node* a = g.add_node("Attention", qkv, {"y", "lse", "seed"}, GT);
-  a->attributes["causal"] = Attribute::of(int64_t{1});
+  Node* a = g.add_node("Attention", qkv, {"y_att", "lse", "seed"}, GT);
+  if (causal) a->attributes["causal"] = Attribute::of(int64_t{1});
   g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  return a;
+}
+
+const SymShape kQkv = {SymDim::symbol("b"), SymDim(5), SymDim(24)};
+
+// A fused projection's output [b, t, 3 h d] split into q, k and v, each reshaped to [b, t, h, d]
+// and transposed to heads: the Attention reads the three parts of each row of X in place.
+TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
+  Graph g = new_graph("qkv");
+  Value* x = g.add_input("x", {DType::kFloat32, kQkv});
+  attention_of_split(g, x, true);
   std::vector<Shape> shapes = {{3, 5, 24}};
   auto before = run_all(clone_graph(g), shapes);
   EXPECT_EQ(recognize_attention(g), 2u);  // the heads folded, then Q, K, V packed
@@ -762,23 +771,9 @@ TEST_F(PassesTest, RecognizeAttentionReadsQkvPackedInOneTensor) {
 // as it reads; the Add is gone from the forward (and so from the stash).
 TEST_F(PassesTest, RecognizeAttentionFoldsTheQkvBiasIntoThePackedAttention) {
   Graph g = new_graph("qkv_bias");
-  Value* y =
-      g.add_input("y", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+  Value* y = g.add_input("y", {DType::kFloat32, kQkv});
   Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(24)}});
-  Value* x = g.add_op("Add", {y, bias});
-  Node* split = g.add_node(
-      "Split",
-      {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
-      {"q2", "k2", "v2"});
-  split->attributes["axis"] = Attribute::of(int64_t{-1});
-  Value* heads =
-      g.add_initializer("heads", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 5, 2, 4}));
-  std::vector<Value*> qkv;
-  for (Value* part : split->outputs())
-    qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
-  Node* a = g.add_node("Attention", qkv, {"y_att", "lse", "seed"}, GT);
-  a->attributes["causal"] = Attribute::of(int64_t{1});
-  g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  attention_of_split(g, g.add_op("Add", {y, bias}), true);
   std::vector<Shape> shapes = {{3, 5, 24}, {24}};
   auto before = run_all(clone_graph(g), shapes);
   EXPECT_EQ(recognize_attention(g), 3u);  // heads folded, Q, K, V packed, the bias folded
@@ -793,23 +788,11 @@ TEST_F(PassesTest, RecognizeAttentionFoldsTheQkvBiasIntoThePackedAttention) {
 // A bias Add whose sum something else reads stays: the Attention reads the sum.
 TEST_F(PassesTest, RecognizeAttentionKeepsABiasAddWithOtherReaders) {
   Graph g = new_graph("qkv_bias_kept");
-  Value* y =
-      g.add_input("y", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(24)}});
+  Value* y = g.add_input("y", {DType::kFloat32, kQkv});
   Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(24)}});
   Value* x = g.add_op("Add", {bias, y});
   g.add_output(x);
-  Node* split = g.add_node(
-      "Split",
-      {x, g.add_initializer("parts", Tensor::from_vector<int64_t>(DType::kInt64, {3}, {8, 8, 8}))},
-      {"q2", "k2", "v2"});
-  split->attributes["axis"] = Attribute::of(int64_t{-1});
-  Value* heads =
-      g.add_initializer("heads", Tensor::from_vector<int64_t>(DType::kInt64, {4}, {0, 5, 2, 4}));
-  std::vector<Value*> qkv;
-  for (Value* part : split->outputs())
-    qkv.push_back(transposed(g, g.add_op("Reshape", {part, heads}), {0, 2, 1, 3}));
-  Node* a = g.add_node("Attention", qkv, {"y_att", "lse", "seed"}, GT);
-  g.add_output(transposed(g, a->output(0), {0, 2, 1, 3}));
+  attention_of_split(g, x, false);
   EXPECT_EQ(recognize_attention(g), 2u);
   Node* att = only(g, "Attention");
   ASSERT_NE(att, nullptr);

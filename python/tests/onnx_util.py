@@ -86,3 +86,17 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def graph_session(nodes: list, inputs: list, outputs: list[str]) -> ge.Session:
+    """A Session of a graph of `nodes` (ONNX and graphtrain ops) with float inputs [(name, shape)]
+    and float outputs named `outputs`."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("graphtrain", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    return ge.Session(ge.Model.from_bytes(model.SerializeToString()))

@@ -9,6 +9,7 @@ import pytest
 
 import graphtrain.engine as ge
 from models import example_inputs, export
+from onnx_util import graph_session
 
 MODELS = ["mlp", "encoder", "gpt", "cnn"]
 
@@ -149,25 +150,15 @@ def test_run_dlpack_keeps_a_stash_in_cpp_for_the_next_run():
     import gc
 
     import torch
-    from onnx import TensorProto, helper
+    from onnx import helper
     from torch.utils.dlpack import from_dlpack, to_dlpack
 
-    def session(nodes, inputs, outputs):
-        graph = helper.make_graph(
-            nodes,
-            "g",
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        return ge.Session(ge.Model.from_bytes(model.SerializeToString()))
-
-    forward = session(
+    forward = graph_session(
         [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["x"], ["kept"])],
         [("x", [2, 3])],
         ["y", "kept"],
     )
-    backward = session(
+    backward = graph_session(
         [helper.make_node("Mul", ["dy", "kept"], ["dx"])],
         [("dy", [2, 3]), ("kept", [2, 3])],
         ["dx"],

@@ -256,24 +256,12 @@ def test_packed_attention_adds_the_qkv_bias_as_it_reads():
     added with the same single rounding as the Add it replaces), with a causal mask and dropout
     off; a bias of the wrong size is refused by name."""
     import numpy as np
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    import graphtrain.engine as ge
+    from onnx_util import graph_session
 
     heads, e, t = 2, 4, 7
     width = 3 * heads * e
-
-    def session(nodes, inputs, outputs):
-        graph = helper.make_graph(
-            nodes,
-            "g",
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        )
-        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("graphtrain", 1)]
-        return ge.Session(
-            ge.Model.from_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
-        )
 
     def attention(ins, **kw):
         return helper.make_node(
@@ -291,27 +279,27 @@ def test_packed_attention_adds_the_qkv_bias_as_it_reads():
     dy = rng.standard_normal((2, t, heads, e), np.float32)
     mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
     io = [("x", [2, t, width]), ("b", [width]), ("mask", [t, t])]
-    added = session(
+    added = graph_session(
         [helper.make_node("Add", ["x", "b"], ["xb"]), attention(["xb", "", "", "mask"])],
         io,
         ["y", "lse"],
     )
-    folded = session([attention(["x", "", "", "mask", "b"])], io, ["y", "lse"])
+    folded = graph_session([attention(["x", "", "", "mask", "b"])], io, ["y", "lse"])
     feeds = {"x": x, "b": b, "mask": mask}
     y, lse = added.run(feeds)
     y2, lse2 = folded.run(feeds)
     np.testing.assert_array_equal(y2, y)
     np.testing.assert_array_equal(lse2, lse)
     gio = [("dy", dy.shape), ("x", x.shape), ("y", y.shape), ("lse", lse.shape), ("mask", [t, t])]
-    (dx,) = session([grad(["dy", "x", "", "", "y", "lse", "mask"])], gio, ["dx"]).run(
+    (dx,) = graph_session([grad(["dy", "x", "", "", "y", "lse", "mask"])], gio, ["dx"]).run(
         {"dy": dy, "x": x + b, "y": y, "lse": lse, "mask": mask}
     )
-    (dx2,) = session(
+    (dx2,) = graph_session(
         [grad(["dy", "x", "", "", "y", "lse", "mask", "", "b"])], gio + [("b", [width])], ["dx"]
     ).run({"dy": dy, "x": x, "y": y, "lse": lse, "mask": mask, "b": b})
     np.testing.assert_array_equal(dx2, dx)
     with pytest.raises(Exception, match="qkv bias must be"):
-        session(
+        graph_session(
             [attention(["x", "", "", "mask", "b"])],
             io[:1] + [("b", [width - 1])] + io[2:],
             ["y", "lse"],

@@ -40,19 +40,9 @@ inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 inline __m512 exp_of_nonpositive(__m512 x) {
   __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.3365f));
-  __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  __m512 y = exp_reduced16(xc, exp_exponent16(xc));
   __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(_mm512_scalef_ps(p, fn), under, _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(y, under, _mm512_setzero_ps());
 }
 // Phi(x) given e = e^(-x^2 / 2): erfc(|x| / sqrt 2) / 2 below zero, 1 minus that above.
 inline __m512 gelu_phi(__m512 x, __m512 e) {

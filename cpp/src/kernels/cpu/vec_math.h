@@ -135,13 +135,13 @@ inline F exp(F x) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-inline f16 exp(f16 v) {
-  const __m512 x = reinterpret_cast<__m512>(v);
-  const float x_max = 88.3762626647949f, x_min = -87.3365f;
-  __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(x_max)), _mm512_set1_ps(x_min));
-  __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  fn = _mm512_min_ps(fn, _mm512_set1_ps(127.0f));
+// The rounded exponent fn = round(xc * log2(e)) of a clamped argument xc, and e^xc from it: the
+// range reduction and polynomial of exp_impl, 2^fn by vscalefps (fn at most 127).
+inline __m512 exp_exponent16(__m512 xc) {
+  return _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline __m512 exp_reduced16(__m512 xc, __m512 fn) {
   __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), xc);
   r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500E-4f);
@@ -151,7 +151,13 @@ inline f16 exp(f16 v) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
   p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  __m512 y = _mm512_scalef_ps(p, fn);
+  return _mm512_scalef_ps(p, fn);
+}
+inline f16 exp(f16 v) {
+  const __m512 x = reinterpret_cast<__m512>(v);
+  const float x_max = 88.3762626647949f, x_min = -87.3365f;
+  __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(x_max)), _mm512_set1_ps(x_min));
+  __m512 y = exp_reduced16(xc, _mm512_min_ps(exp_exponent16(xc), _mm512_set1_ps(127.0f)));
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(x_max), _CMP_GT_OQ),
                          _mm512_set1_ps(__builtin_inff()));
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(x_min), _CMP_LT_OQ),
