@@ -91,6 +91,20 @@ void add_bias_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, con
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[r * ld + c] + bias[c];
 }
 
+// p[r * ld + c] = 0 for r < rows, c < cols, with vector stores: rows of a head's gradient (32 or
+// 64 floats) are too short for a memset call to pay (the backward zeroes ~3 rows per query row).
+// The zero comes from a volatile read, or GCC turns the loop back into memset calls.
+volatile float zero_value = 0.0f;
+void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
+  const vec::f8 zero = vec::splat(zero_value);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = p + r * ld;
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) vec::store(row + c, zero);
+    for (; c < cols; ++c) row[c] = zero[0];
+  }
+}
+
 // t[c * ld + j] += bias[c] for c < rows, j < cols: the bias of a transposed block (keys or values
 // as columns).
 void add_bias_transposed(float* t, int64_t ld, int64_t rows, int64_t cols, const float* bias) {
@@ -491,10 +505,8 @@ void attention_grad(KernelContext& ctx) {
                      add_bias_transposed(vt.data(), g.lk, g.ev, g.lk, g.bias_of(g.ov, hk));
                    // This task's slices of the gradients, zeroed here (in parallel) to be summed
                    // into.
-                   for (int64_t c = 0; c < g.lk; ++c) {
-                     std::fill_n(dkp + c * ldk, g.e, 0.0f);
-                     std::fill_n(dvp + c * ldv, g.ev, 0.0f);
-                   }
+                   zero_rows(dkp, g.lk, g.e, ldk);
+                   zero_rows(dvp, g.lk, g.ev, ldv);
                    for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
                      const float* qp = pq + g.oq.at(b, h);
                      int64_t ldq_in = ldq;
@@ -510,25 +522,17 @@ void attention_grad(KernelContext& ctx) {
                      int64_t rows = (b * g.hq + h) * g.lq;  // the head's first row in LSE and dMask
                      for (int64_t q0 = 0; q0 < g.lq; q0 += kTileQ) {
                        int64_t nq = std::min(kTileQ, g.lq - q0);
-                       for (int64_t r = 0; r < nq; ++r) {  // D = rowsum(dY * Y); dQ starts at zero
+                       for (int64_t r = 0; r < nq; ++r) {  // D = rowsum(dY * Y)
                          d[static_cast<size_t>(r)] =
                              vec::dot_centered(dyp + (q0 + r) * ldy, yp + (q0 + r) * ldy, g.ev, 0);
-                         std::fill_n(dqp + (q0 + r) * ldq, g.e, 0.0f);
                        }
+                       zero_rows(dqp + q0 * ldq, nq, g.e, ldq);
                        int64_t kend = g.visible_end(b, h, q0, nq);
                        for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
                          int64_t nk = std::min(kBlockK, kend - k0);
                          g.scores(qp + q0 * ldq_in, ldq_in, kt.data() + k0, g.lk, b, h, q0, nq, k0,
                                   nk, p.data());
-                         for (int64_t r = 0; r < nq; ++r) {  // P = exp(S - LSE), 0 where masked
-                           float shift = lp[q0 + r];
-                           float* row = p.data() + r * nk;
-                           if (shift == kNegInf) {
-                             std::fill(row, row + nk, 0.0f);
-                             continue;
-                           }
-                           vec_exp_sum(row, row, nk, shift);  // 16 lanes where the CPU has them
-                         }
+                         vec_exp_rows(p.data(), nq, nk, lp + q0);  // P = exp(S - LSE), 0 masked
                          // dP = dY V^T
                          vec_small_gemm(nq, nk, g.ev, 1.0f, dyp + q0 * ldy, ldy, 1, vt.data() + k0,
                                         g.lk, false, dp.data(), nk);

@@ -8,6 +8,7 @@ namespace graphtrain::cpu {
 namespace avx512 {  // vec_dispatch_avx512.cc
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
+void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
 void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
@@ -37,6 +38,13 @@ float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale)
   if (vec_uses_avx512()) return avx512::exp_sum(x, y, n, shift, scale);
 #endif
   return vec::exp_sum<vec::f8>(x, y, n, shift, scale);
+}
+
+void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::exp_rows(p, rows, cols, shifts);
+#endif
+  vec::exp_rows<vec::f8>(p, rows, cols, shifts);
 }
 
 void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y,

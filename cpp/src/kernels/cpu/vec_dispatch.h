@@ -25,6 +25,10 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift).
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
 
+// p[r * cols + c] = exp(p[r * cols + c] - shifts[r]) for r < rows, c < cols; a row whose shift
+// is -inf (nothing visible) becomes zeros. One call for a block of rows, each with its own shift.
+void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
+
 // y = softmax(x * scale + m) over n floats; m: n values (m_runs), one value for the row, or null.
 void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 

@@ -14,6 +14,10 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }
 
+void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
+  vec::exp_rows<vec::f16>(p, rows, cols, shifts);
+}
+
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n) {
   vec::softmax_row<vec::f16>(x, m, m_runs, scale, y, n);
 }
