@@ -223,6 +223,17 @@ size_t fuse_written_attention(Graph& graph) {
   return fused;
 }
 
+// A new Attention with n's attributes and scope, reading `ins`, replaces n (its outputs moved).
+Node* replace_attention(Graph& graph, Node* n, const std::vector<Value*>& ins) {
+  Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
+  att->attributes = n->attributes;
+  att->scope = n->scope;
+  for (size_t i = 0; i < n->outputs().size(); ++i)
+    if (n->output(i)) graph.move_output(n->output(i), att, i);
+  graph.remove_node(n);
+  return att;
+}
+
 // The Attention nodes, listed first: a rewrite removes nodes around the one it rewrites (never
 // another Attention).
 std::vector<Node*> attention_nodes(const Graph& graph) {
@@ -326,15 +337,10 @@ size_t pack_qkv(Graph& graph) {
     int64_t heads = *(*sq)[sq->size() - 2].constant();
     std::vector<Value*> ins = {x, nullptr, nullptr};
     if (n->input(3)) ins.push_back(n->input(3));
-    Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
-    att->attributes = n->attributes;
+    Node* att = replace_attention(graph, n, ins);
     att->attributes.erase("heads_inside");
     att->attributes["packed"] = Attribute::of(int64_t{1});
     att->attributes["heads"] = Attribute::of(heads);
-    att->scope = n->scope;
-    for (size_t i = 0; i < n->outputs().size(); ++i)
-      if (n->output(i)) graph.move_output(n->output(i), att, i);
-    graph.remove_node(n);
     for (Node* r : reshapes) graph.remove_node(r);
     graph.remove_node(split);
     ++packed;
@@ -366,13 +372,7 @@ size_t fold_qkv_bias(Graph& graph) {
       }
     }
     if (!y) continue;
-    std::vector<Value*> ins = {y, nullptr, nullptr, n->input(3), b};
-    Node* att = graph.add_node("Attention", ins, {}, kGraphtrainDomain, n->name);
-    att->attributes = n->attributes;
-    att->scope = n->scope;
-    for (size_t i = 0; i < n->outputs().size(); ++i)
-      if (n->output(i)) graph.move_output(n->output(i), att, i);
-    graph.remove_node(n);
+    replace_attention(graph, n, {y, nullptr, nullptr, n->input(3), b});
     graph.remove_node(add);
     ++folded;
   }

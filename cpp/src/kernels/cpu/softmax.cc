@@ -105,6 +105,30 @@ void fused_softmax(KernelContext& ctx) {
   });
 }
 
+// A cross-entropy's labels (attribute ignore_index, optional class weights w): which items are
+// skipped (ignored, or a label outside [0, classes)) and the mean's divisor, the weights of the
+// items that count.
+struct Labels {
+  std::vector<int64_t> values;
+  const float* w = nullptr;
+  bool has_ignore = false;
+  int64_t ignore = 0, classes = 0;
+  double weight_sum = 0;
+
+  Labels(const KernelContext& ctx, const Tensor& labels, const float* weights, int64_t c)
+      : values(labels.to_int64_vector()),
+        w(weights),
+        has_ignore(ctx.node().has_attr("ignore_index")),
+        ignore(ctx.node().attr_int("ignore_index", 0)),
+        classes(c) {
+    for (int64_t label : values)
+      if (!skipped(label)) weight_sum += w ? w[label] : 1.0;
+  }
+  bool skipped(int64_t label) const {
+    return (has_ignore && label == ignore) || label < 0 || label >= classes;
+  }
+};
+
 // SoftmaxCrossEntropyLoss (ONNX: outputs loss and log_prob), and graphtrain's (kUnitGrad:
 // outputs loss and, when requested, the gradient of the scores for dloss = 1, written from the
 // exponentials the loss computes anyway; fuse_loss_gradient makes it, for [N, C] scores and a
@@ -121,22 +145,18 @@ void softmax_cross_entropy(KernelContext& ctx) {
   if (labels_t.shape() != item_shape)
     ctx.fail(str_cat("labels must have shape ", item_shape, " for scores ", scores.shape(),
                      ", got ", labels_t.shape()));
-  std::vector<int64_t> labels = labels_t.to_int64_vector();
   const float* w = nullptr;
   if (ctx.has_input(2)) {
     const Tensor& wt = ctx.input(2);
     if (wt.rank() != 1 || wt.dim(0) != c) ctx.fail(str_cat("weights must have shape [", c, "]"));
     w = wt.data<float>();
   }
-  bool has_ignore = ctx.node().has_attr("ignore_index");
-  int64_t ignore = ctx.node().attr_int("ignore_index", 0);
+  const Labels lab(ctx, labels_t, w, c);
+  const std::vector<int64_t>& labels = lab.values;
+  const bool has_ignore = lab.has_ignore;
+  const int64_t ignore = lab.ignore;
+  const double weight_sum = lab.weight_sum;
   std::string reduction = ctx.node().attr_string("reduction", "mean");
-  auto skipped = [&](int64_t label) {
-    return (has_ignore && label == ignore) || label < 0 || label >= c;
-  };
-  double weight_sum = 0;  // of the items not ignored: the mean's divisor
-  for (int64_t label : labels)
-    if (!skipped(label)) weight_sum += w ? w[label] : 1.0;
 
   // The log-sum-exp of each item's scores; log_prob (scores - lse, in [N, C, spatial] layout) only
   // when something reads it: the gradient reads the scores (4 MB of a GPT's logits not written).
@@ -161,7 +181,7 @@ void softmax_cross_entropy(KernelContext& ctx) {
       if (kUnitGrad && pl) {
         int64_t label = labels[static_cast<size_t>(l)];
         float coef = 0;
-        if (!skipped(label)) {
+        if (!lab.skipped(label)) {
           double wl = w ? w[label] : 1.0;
           coef = static_cast<float>(reduction == "mean" ? wl / weight_sum : wl);
         }
@@ -259,17 +279,13 @@ void sce_grad(KernelContext& ctx) {
   }
   const Tensor& logp = ctx.input(1);
   const bool from_scores = ctx.node().attr_int("from_scores", 0) != 0;
-  std::vector<int64_t> labels = ctx.input(2).to_int64_vector();
   const float* w = ctx.has_input(3) ? ctx.input(3).data<float>() : nullptr;
   std::string reduction = ctx.node().attr_string("reduction", "mean");
-  bool has_ignore = ctx.node().has_attr("ignore_index");
-  int64_t ignore = ctx.node().attr_int("ignore_index", 0);
   int64_t n = logp.dim(0), c = logp.dim(1);
   int64_t spatial = n * c != 0 ? logp.numel() / (n * c) : 0;
-  double weight_sum = 0;
-  for (int64_t label : labels)
-    if (!(has_ignore && label == ignore) && label >= 0 && label < c)
-      weight_sum += w ? w[label] : 1.0;
+  const Labels lab(ctx, ctx.input(2), w, c);
+  const std::vector<int64_t>& labels = lab.values;
+  const double weight_sum = lab.weight_sum;
   Tensor& dx = ctx.allocate_output(0, F32, logp.shape());
   const float* lp = logp.data<float>();
   const float* dl = dloss.data<float>();
@@ -279,7 +295,7 @@ void sce_grad(KernelContext& ctx) {
     for (int64_t item = lo; item < hi; ++item) {
       int64_t i = item / spatial, s = item % spatial;
       int64_t label = labels[static_cast<size_t>(item)];
-      bool skip = (has_ignore && label == ignore) || label < 0 || label >= c;
+      bool skip = lab.skipped(label);
       float coef = 0;
       if (!skip) {
         float wl = w ? w[label] : 1.0f;
