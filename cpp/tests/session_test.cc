@@ -51,12 +51,13 @@ TEST(Session, InputErrorsNameTheInput) {
 
 // FusedMatMul (transA/transB) and Gemm with a bias row, on one and two pool threads, against a
 // double-precision reference: sizes below and above the split between OpenBLAS and oneDNN
-// (m * n * k of 2^20), and row blocks that leave a remainder.
+// (m * n * k of 2^20), row blocks that leave a remainder, and enough rows (600) that a transposed
+// B is copied to [K, N] first (K 99: the copy's ragged edges).
 TEST(Session, MatMulAndGemmMatchAReferenceOnEitherGemmLibrary) {
-  for (int64_t m : {7, 130}) {
+  for (int64_t m : {7, 130, 600}) {
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
-      int64_t k = 96, n = m == 7 ? 33 : 200;
+      int64_t k = m == 600 ? 99 : 96, n = m == 7 ? 33 : 200;
       for (int t = 0; t < 4; ++t) {
         bool ta = t & 1, tb = t & 2;
         Graph g;

@@ -31,6 +31,7 @@
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/random.h"
 #include "kernels/cpu/vec_dispatch.h"
 #include "kernels/cpu/vec_math.h"
@@ -45,42 +46,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline bool keep(uint64_t key, uint64_t index, float p) {
   return uniform(key, index) >= p;
-}
-
-// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: 8 x 8 blocks in registers
-// (three rounds of shuffles), the edges one by one.
-void transpose_block(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
-                     int64_t ld_dst) {
-  using vec::f8;
-  using I = vec::i8;
-  int64_t r0 = 0;
-  for (; r0 + 8 <= rows; r0 += 8) {
-    int64_t c0 = 0;
-    for (; c0 + 8 <= cols; c0 += 8) {
-      f8 r[8], t[8], u[8];
-      for (int i = 0; i < 8; ++i) r[i] = vec::load(src + (r0 + i) * ld_src + c0);
-      for (int i = 0; i < 8; i += 2) {
-        t[i] = __builtin_shuffle(r[i], r[i + 1], I{0, 8, 1, 9, 4, 12, 5, 13});
-        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], I{2, 10, 3, 11, 6, 14, 7, 15});
-      }
-      for (int i = 0; i < 8; i += 4)
-        for (int j = 0; j < 2; ++j) {
-          u[i + 2 * j] = __builtin_shuffle(t[i + j], t[i + j + 2], I{0, 1, 8, 9, 4, 5, 12, 13});
-          u[i + 2 * j + 1] =
-              __builtin_shuffle(t[i + j], t[i + j + 2], I{2, 3, 10, 11, 6, 7, 14, 15});
-        }
-      for (int i = 0; i < 4; ++i) {  // u[i]: columns i and i + 4 of rows 0-3; u[i + 4]: rows 4-7
-        vec::store(dst + (c0 + i) * ld_dst + r0,
-                   __builtin_shuffle(u[i], u[i + 4], I{0, 1, 2, 3, 8, 9, 10, 11}));
-        vec::store(dst + (c0 + i + 4) * ld_dst + r0,
-                   __builtin_shuffle(u[i], u[i + 4], I{4, 5, 6, 7, 12, 13, 14, 15}));
-      }
-    }
-    for (; c0 < cols; ++c0)
-      for (int64_t i = r0; i < r0 + 8; ++i) dst[c0 * ld_dst + i] = src[i * ld_src + c0];
-  }
-  for (; r0 < rows; ++r0)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
 }
 
 // dst[r * cols + c] = src[r * ld + c] + bias[c]: rows of one head of a packed X with the fused
@@ -394,7 +359,7 @@ class AttentionKernel : public OpKernel {
         }
         for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
           int64_t nk = std::min(kBlockK, kend - k0);
-          transpose_block(kp + k0 * g.ok.row, nk, g.e, g.ok.row, kt.data(), nk);
+          transpose_matrix(kp + k0 * g.ok.row, nk, g.e, g.ok.row, kt.data(), nk);
           if (g.bias) add_bias_transposed(kt.data(), nk, g.e, nk, g.bias_of(g.ok, hk));
           for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
             int64_t nr = std::min(kTileQ, nq - r0);
@@ -499,8 +464,8 @@ void attention_grad(KernelContext& ctx) {
                      kp = kb.data();
                      ldk_in = g.e;
                    }
-                   transpose_block(kp, g.lk, g.e, ldk_in, kt.data(), g.lk);
-                   transpose_block(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
+                   transpose_matrix(kp, g.lk, g.e, ldk_in, kt.data(), g.lk);
+                   transpose_matrix(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
                    if (g.bias)
                      add_bias_transposed(vt.data(), g.lk, g.ev, g.lk, g.bias_of(g.ov, hk));
                    // This task's slices of the gradients, zeroed here (in parallel) to be summed

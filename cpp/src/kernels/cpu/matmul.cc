@@ -1,8 +1,10 @@
 // CPU kernels: MatMul (numpy semantics, batched with broadcasting) and Gemm.
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec_math.h"
 
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                             const float* a, int lda, const float* b, int ldb, float beta, float* c,
@@ -20,6 +22,13 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 // linear layers' shapes, slower on attention's per-head products (64 x 64 x 32), which stay on
 // OpenBLAS (bench/results/gemm.md).
 constexpr int64_t kDnnlMinWork = int64_t{1} << 20;
+// oneDNN's sgemm runs 3-15% slower with B transposed (x W^T: every linear layer's forward) than
+// on the same product with B stored [K, N] (1024 x 512 x 128: 100-106 against 110-112 GFLOP/s at
+// one thread; 256 x 256 x 1024: 97 against 112). So sgemm first copies a transposed B of at most
+// kPlainBMaxFloats to [K, N] where op(A) has enough rows to pay for the copy (gpt bench step at
+// one thread: -0.54 ms, encoder -0.59 ms; from 256 rows on, the mlp's step lost 0.87 ms).
+constexpr int64_t kPlainBMinRows = 512;
+constexpr int64_t kPlainBMaxFloats = int64_t{1} << 20;
 }  // namespace
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -44,9 +53,55 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+// 8 x 8 blocks in registers (three rounds of shuffles), the edges one by one.
+void transpose_matrix(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
+                      int64_t ld_dst) {
+  using vec::f8;
+  using I = vec::i8;
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    int64_t c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+      f8 r[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) r[i] = vec::load(src + (r0 + i) * ld_src + c0);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], I{0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], I{2, 10, 3, 11, 6, 14, 7, 15});
+      }
+      for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; ++j) {
+          u[i + 2 * j] = __builtin_shuffle(t[i + j], t[i + j + 2], I{0, 1, 8, 9, 4, 5, 12, 13});
+          u[i + 2 * j + 1] =
+              __builtin_shuffle(t[i + j], t[i + j + 2], I{2, 3, 10, 11, 6, 7, 14, 15});
+        }
+      for (int i = 0; i < 4; ++i) {  // u[i]: columns i and i + 4 of rows 0-3; u[i + 4]: rows 4-7
+        vec::store(dst + (c0 + i) * ld_dst + r0,
+                   __builtin_shuffle(u[i], u[i + 4], I{0, 1, 2, 3, 8, 9, 10, 11}));
+        vec::store(dst + (c0 + i + 4) * ld_dst + r0,
+                   __builtin_shuffle(u[i], u[i + 4], I{4, 5, 6, 7, 12, 13, 14, 15}));
+      }
+    }
+    for (; c0 < cols; ++c0)
+      for (int64_t i = r0; i < r0 + 8; ++i) dst[c0 * ld_dst + i] = src[i * ld_src + c0];
+  }
+  for (; r0 < rows; ++r0)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
+}
+
 void sgemm(KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
            float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
            float* c, int64_t ldc) {
+#ifdef GRAPHTRAIN_HAVE_DNNL
+  if (trans_b && m >= kPlainBMinRows && n * k <= kPlainBMaxFloats && m * n * k >= kDnnlMinWork) {
+    // Kept per thread between calls: no allocation, and no page faults, per GEMM.
+    thread_local std::vector<float> plain_b;
+    if (plain_b.size() < static_cast<size_t>(n * k)) plain_b.resize(static_cast<size_t>(n * k));
+    transpose_matrix(b, n, k, ldb, plain_b.data(), n);
+    b = plain_b.data();
+    ldb = n;
+    trans_b = false;
+  }
+#endif
   int threads = ctx.pool().num_threads();
   int64_t flops = m * n * k;
   if (threads <= 1 || flops < (1 << 18)) {
