@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/elementwise_math.h"
 #include "kernels/cpu/vec_dispatch.h"
+#include "kernels/cpu/vec_dispatch_impl.h"
 
 namespace graphtrain::cpu {
 namespace {
@@ -143,6 +144,83 @@ TEST(VecDispatch, SmallGemmMatchesTheProduct) {
                   << "m " << m << " n " << n << " k " << k << " mode " << mode << " at " << i << ","
                   << j;
             }
+        }
+}
+
+// Attention's transposed tiles (t[c * 16 + r]: row r, key c), on the dispatched loops (16 lanes
+// here) and on the 8-lane ones an AVX2 machine runs, against double-precision formulas: a full
+// tile and one with padding rows, with and without a mask and causal hiding, and a row that sees
+// nothing (zeros, lse -inf). Then the probabilities again from the lse, and dS.
+TEST(VecDispatch, AttentionTilesMatchTheFormulas) {
+  const float inf = std::numeric_limits<float>::infinity();
+  constexpr int64_t R = kAttentionTileRows;
+  const int64_t cols = 37, ld_m = 24;
+  std::vector<float> scores(static_cast<size_t>(cols * R)), mask(static_cast<size_t>(cols * ld_m));
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = 3.0f * std::sin(0.37f * i);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < ld_m; ++r)
+      mask[static_cast<size_t>(c * ld_m + r)] = r == 3 ? -inf
+                                                : (c + r) % 5 == 0
+                                                    ? -inf
+                                                    : 0.1f * static_cast<float>((c * r) % 7);
+  using Fn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, float*);
+  using ExpFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const float*);
+  struct Impl {
+    const char* name;
+    Fn softmax;
+    ExpFn exp;
+    void (*grad)(const float*, float*, int64_t, const float*);
+  };
+  const Impl impls[] = {
+      {"dispatched", vec_attention_softmax_t, vec_attention_exp_t, vec_attention_grad_t},
+      {"8 lanes", vec::attention_softmax_t<vec::f8>, vec::attention_exp_t<vec::f8>,
+       vec::attention_grad_t<vec::f8>}};
+  for (const Impl& impl : impls)
+    for (int64_t rows : {R, int64_t{11}})
+      for (bool masked : {false, true})
+        for (int64_t causal_row0 : {int64_t{-1}, int64_t{0}, int64_t{9}}) {
+          std::vector<float> t = scores, lse(R, 0.0f);
+          const float* m = masked ? mask.data() : nullptr;
+          impl.softmax(t.data(), cols, rows, m, ld_m, causal_row0, lse.data());
+          std::vector<float> p = t, again = scores;
+          impl.exp(again.data(), cols, rows, m, ld_m, causal_row0, lse.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<double> z(static_cast<size_t>(cols));
+            double mx = -inf, sum = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              double v = scores[static_cast<size_t>(c * R + r)] +
+                         (masked ? mask[static_cast<size_t>(c * ld_m + r)] : 0.0f);
+              if (causal_row0 >= 0 && c > causal_row0 + r) v = -inf;
+              z[static_cast<size_t>(c)] = v;
+              mx = std::max(mx, v);
+            }
+            if (mx == -inf) {  // sees nothing: row 3 under the mask
+              EXPECT_EQ(lse[static_cast<size_t>(r)], -inf) << impl.name << " row " << r;
+              for (int64_t c = 0; c < cols; ++c) {
+                EXPECT_EQ(p[static_cast<size_t>(c * R + r)], 0.0f);
+                EXPECT_EQ(again[static_cast<size_t>(c * R + r)], 0.0f);
+              }
+              continue;
+            }
+            for (double& v : z) sum += v = std::exp(v - mx);
+            EXPECT_NEAR(lse[static_cast<size_t>(r)], mx + std::log(sum), 1e-5) << impl.name;
+            for (int64_t c = 0; c < cols; ++c) {
+              size_t at = static_cast<size_t>(c * R + r);
+              EXPECT_NEAR(p[at], z[static_cast<size_t>(c)] / sum, 2e-7)
+                  << impl.name << " rows " << rows << " mask " << masked << " causal "
+                  << causal_row0 << " at " << r << "," << c;
+              EXPECT_NEAR(again[at], p[at], 1e-6) << impl.name << " at " << r << "," << c;
+            }
+          }
+          for (int64_t r = rows; r < R; ++r)  // padding rows: zero probabilities
+            for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(p[static_cast<size_t>(c * R + r)], 0.0f);
+          std::vector<float> ds(t.size()), d(R);
+          for (size_t i = 0; i < ds.size(); ++i) ds[i] = std::cos(0.21f * i);
+          for (int64_t r = 0; r < R; ++r) d[static_cast<size_t>(r)] = 0.1f * r;
+          std::vector<float> ds0 = ds;
+          impl.grad(p.data(), ds.data(), cols, d.data());
+          for (size_t i = 0; i < ds.size(); ++i)
+            ASSERT_FLOAT_EQ(ds[i], p[i] * (ds0[i] - d[i % R])) << impl.name << " at " << i;
         }
 }
 

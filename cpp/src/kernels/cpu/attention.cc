@@ -14,17 +14,19 @@
 // it is read (recognize_attention folds the projection's bias Add into the Attention: X is
 // neither written with the bias nor read twice).
 //
-// Tiled as flash attention: a thread holds one block of scores (kTileQ rows x up to kBlockK keys)
-// at a time and keeps a running max and sum per query row; the T x T probabilities never exist.
-// The backward recomputes the probabilities from LSE (the log-sum-exp of each row's scores). A
+// A thread works on a tile of kTileQ (16) query rows at a time and holds the tile's scores for
+// every key a row of it may see, transposed: one column of 16 rows per key (S^T = K Q^T), so a
+// row's max and sum are lane-wise operations down the columns (vec_attention_softmax_t), with no
+// per-row reduction or call, and the T x T probabilities never exist. The backward recomputes the
+// probabilities from LSE (the log-sum-exp of each row's scores) in the same transposed tiles. A
 // fully masked row gives zeros, as torch does. Dropout masks come from a counter-based generator
 // keyed by `seed` and the element's (batch, head, row, column), so the backward regenerates them.
 //
-// Each tile of query rows computes only the keys up to the last one a row of it may see (causal,
-// or a mask whose trailing keys are masked out for these rows: a causal or padding mask), so a
-// causal product does about half the work. The per-tile products are register-tiled small GEMMs
-// (vec_small_gemm) over blocks that sit in L1/L2; products with K^T or V^T read a transposed copy
-// of the keys or values, made once per block.
+// Each tile computes only the keys up to the last one a row of it may see (causal, or a mask
+// whose trailing keys are masked out for these rows: a causal or padding mask), so a causal
+// product does about 5/8 of the work. The per-tile products are register-tiled small GEMMs
+// (vec_small_gemm) over blocks that sit in L1/L2, reading Q transposed (made once per block of
+// queries) and P or dS through their transposes.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,9 +41,8 @@
 namespace graphtrain::cpu {
 namespace {
 
-constexpr int64_t kBlockQ = 64;  // query rows of a forward task
-constexpr int64_t kTileQ = 16;   // query rows of one block of scores
-constexpr int64_t kBlockK = 128;
+constexpr int64_t kBlockQ = 64;                 // query rows of a forward task
+constexpr int64_t kTileQ = kAttentionTileRows;  // query rows of one tile of scores
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline bool keep(uint64_t key, uint64_t index, float p) {
@@ -57,7 +58,7 @@ void add_bias_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, con
 }
 
 // p[r * ld + c] = 0 for r < rows, c < cols, with vector stores: rows of a head's gradient (32 or
-// 64 floats) are too short for a memset call to pay (the backward zeroes ~3 rows per query row).
+// 64 floats) are too short for a memset call to pay.
 // The zero comes from a volatile read, or GCC turns the loop back into memset calls.
 volatile float zero_value = 0.0f;
 void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
@@ -106,6 +107,10 @@ struct Geometry {
   // over), one past the last key a row of the tile may see.
   std::vector<int64_t> ends;
   int64_t tiles = 0;
+  // A mask the same for every batch and head, as addends, transposed: mask_cols[c * lq_pad + r]
+  // for key c, query row r (rows padded to a multiple of kTileQ with zeros).
+  std::vector<float> mask_cols;
+  int64_t lq_pad = 0;
 
   int64_t group() const { return hq / hk; }
   // Keys a query row may see: all, or (causal) up to its own position.
@@ -145,44 +150,42 @@ struct Geometry {
     return end;
   }
 
-  // scores[r][c] = scale * (Q K^T)[q0 + r][k0 + c] + mask, -inf where masked out; qrows: query
-  // row q0, the rows ldq apart; kt: the transposed keys from key k0 on, [e, nk] with rows ldkt
-  // apart.
-  void scores(const float* qrows, int64_t ldq, const float* kt, int64_t ldkt, int64_t b, int64_t h,
-              int64_t q0, int64_t nq, int64_t k0, int64_t nk, float* s) const {
-    vec_small_gemm(nq, nk, e, scale, qrows, ldq, 1, kt, ldkt, false, s, nk);
-    if (mask) {
-      for (int64_t r = 0; r < nq; ++r) {
-        int64_t base = b * m_b + h * m_h + (q0 + r) * m_q + k0 * m_k;
-        float* row = s + r * nk;
-        if (mask_bool) {
-          const bool* mp = static_cast<const bool*>(mask) + base;
-          int64_t c = 0;
-          if (m_k == 1)  // a row of the mask: 8 flags at a time
-            for (; c + 8 <= nk; c += 8) {
-              using Bytes = uint8_t __attribute__((vector_size(8)));
-              Bytes flags;
-              std::memcpy(&flags, mp + c, sizeof(flags));
-              vec::i8 seen = __builtin_convertvector(flags, vec::i8) != 0;
-              vec::store(row + c, seen ? vec::load(row + c) : vec::splat(kNegInf));
-            }
-          for (; c < nk; ++c)
-            if (!mp[c * m_k]) row[c] = kNegInf;
-        } else if (m_k == 1) {  // a row of the mask: added 8 lanes at a time
-          const float* mp = static_cast<const float*>(mask) + base;
-          int64_t c = 0;
-          for (; c + 8 <= nk; c += 8) vec::store(row + c, vec::load(row + c) + vec::load(mp + c));
-          for (; c < nk; ++c) row[c] += mp[c];
-        } else {
-          const float* mp = static_cast<const float*>(mask) + base;
-          for (int64_t c = 0; c < nk; ++c) row[c] += mp[c * m_k];
-        }
-      }
+  // The mask as an addend: 0 (bool true) or -inf (bool false), or the float mask's value.
+  float addend(int64_t b, int64_t h, int64_t row, int64_t col) const {
+    int64_t i = b * m_b + h * m_h + row * m_q + col * m_k;
+    return mask_bool ? (static_cast<const bool*>(mask)[i] ? 0.0f : kNegInf)
+                     : static_cast<const float*>(mask)[i];
+  }
+  // Fills mask_cols when the mask is the same for every batch and head (run once per call).
+  void transpose_mask(ThreadPool& pool) {
+    lq_pad = (lq + kTileQ - 1) / kTileQ * kTileQ;
+    if (!mask || m_b != 0 || m_h != 0) return;
+    mask_cols.assign(static_cast<size_t>(lk * lq_pad), 0.0f);
+    pool.parallel_for(lk, 64, [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c)
+        for (int64_t r = 0; r < lq; ++r)
+          mask_cols[static_cast<size_t>(c * lq_pad + r)] = addend(0, 0, r, c);
+    });
+  }
+  // The mask's columns for the tile of query rows [q0, q0 + nr) of batch b, head h, and keys
+  // [0, cols) as vec_attention_softmax_t reads them (column c at c * ld), or null without a
+  // mask: a view of mask_cols, else built in `scratch` (cols * kTileQ floats).
+  const float* tile_mask(int64_t b, int64_t h, int64_t q0, int64_t nr, int64_t cols, float* scratch,
+                         int64_t& ld) const {
+    if (!mask) return nullptr;
+    if (!mask_cols.empty()) {
+      ld = lq_pad;
+      return mask_cols.data() + q0;
     }
-    if (causal)
-      for (int64_t r = 0; r < nq; ++r)
-        for (int64_t c = std::max<int64_t>(0, q0 + r + 1 - k0); c < nk; ++c)
-          s[r * nk + c] = kNegInf;
+    ld = kTileQ;
+    if (!mask_bool && m_k == 1) {  // rows of a float mask: transposed 8 x 8 in registers
+      transpose_matrix(static_cast<const float*>(mask) + b * m_b + h * m_h + q0 * m_q, nr, cols,
+                       m_q, scratch, kTileQ);
+    } else {
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < nr; ++r) scratch[c * kTileQ + r] = addend(b, h, q0 + r, c);
+    }
+    return scratch;
   }
 
   uint64_t element(int64_t b, int64_t h, int64_t row, int64_t col) const {
@@ -296,6 +299,7 @@ Geometry geometry(KernelContext& ctx, const Tensor& q, const Tensor& k, const Te
     g.mask_bool = mask->dtype() == DType::kBool;
     g.find_mask_ends(ctx.pool());
   }
+  g.transpose_mask(ctx.pool());
   return g;
 }
 
@@ -330,76 +334,58 @@ class AttentionKernel : public OpKernel {
     float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
     int64_t tasks = g.batch * g.hq * qblocks;
     parallel_for(ctx, tasks, kBlockQ * g.lk * (g.e + g.ev), [&](int64_t t0, int64_t t1) {
-      std::vector<float> s(static_cast<size_t>(kTileQ * kBlockK));
-      std::vector<float> m(kBlockQ), l(kBlockQ), acc(static_cast<size_t>(kBlockQ * g.ev));
-      std::vector<float> kt(static_cast<size_t>(g.e * kBlockK));
-      // With a bias: this block's queries and the head's values, biased (contiguous rows).
-      std::vector<float> qb(g.bias ? static_cast<size_t>(kBlockQ * g.e) : 0);
+      // A tile's scores, transposed (one column of kTileQ rows per key), and the block's queries,
+      // transposed ([e, kBlockQ]).
+      std::vector<float> st(static_cast<size_t>(g.lk * kTileQ)),
+          qt(static_cast<size_t>(g.e * kBlockQ));
+      std::vector<float> mask_scratch(g.mask && g.mask_cols.empty() ? st.size() : 0);
+      // With a bias: the head's keys and values, biased (contiguous rows).
+      std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
       std::vector<float> vb(g.bias ? static_cast<size_t>(g.lk * g.ev) : 0);
       for (int64_t t = t0; t < t1; ++t) {
         int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb_index = t % qblocks;
         int64_t q0 = qb_index * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
         int64_t hk = h / g.group();
-        const float* kp = pk + g.ok.at(b, hk);
-        // Query row q0 and the value rows, and their strides.
-        const float* qrows = pq + g.oq.at(b, h) + q0 * g.oq.row;
+        const float* krows = pk + g.ok.at(b, hk);
         const float* vrows = pv + g.ov.at(b, hk);
-        int64_t ldq = g.oq.row, ldv = g.ov.row;
-        std::fill(m.begin(), m.end(), kNegInf);
-        std::fill(l.begin(), l.end(), 0.0f);
-        std::fill(acc.begin(), acc.end(), 0.0f);
+        int64_t ldk = g.ok.row, ldv = g.ov.row;
+        float* yp = py + g.oy.at(b, h);
+        float* lp = pl + (b * g.hq + h) * g.lq;
         int64_t kend = g.visible_end(b, h, q0, nq);
+        transpose_matrix(pq + g.oq.at(b, h) + q0 * g.oq.row, nq, g.e, g.oq.row, qt.data(), kBlockQ);
         if (g.bias) {
-          add_bias_rows(qrows, ldq, nq, g.e, g.bias_of(g.oq, h), qb.data());
+          add_bias_transposed(qt.data(), kBlockQ, g.e, nq, g.bias_of(g.oq, h));
+          add_bias_rows(krows, ldk, kend, g.e, g.bias_of(g.ok, hk), kb.data());
           add_bias_rows(vrows, ldv, kend, g.ev, g.bias_of(g.ov, hk), vb.data());
-          qrows = qb.data();
+          krows = kb.data();
           vrows = vb.data();
-          ldq = g.e;
+          ldk = g.e;
           ldv = g.ev;
         }
-        for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
-          int64_t nk = std::min(kBlockK, kend - k0);
-          transpose_matrix(kp + k0 * g.ok.row, nk, g.e, g.ok.row, kt.data(), nk);
-          if (g.bias) add_bias_transposed(kt.data(), nk, g.e, nk, g.bias_of(g.ok, hk));
-          for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
-            int64_t nr = std::min(kTileQ, nq - r0);
-            int64_t cols = std::min(g.visible_end(b, h, q0 + r0, nr), k0 + nk) - k0;
-            if (cols <= 0) continue;  // these rows see nothing here
-            g.scores(qrows + r0 * ldq, ldq, kt.data(), nk, b, h, q0 + r0, nr, k0, cols, s.data());
-            for (int64_t r = 0; r < nr; ++r) {
-              float* row = s.data() + r * cols;
-              float& mr = m[static_cast<size_t>(r0 + r)];
-              float& lr = l[static_cast<size_t>(r0 + r)];
-              float mx = std::max(mr, vec::max(row, cols));
-              if (mx == kNegInf) {  // nothing visible yet in this row
-                std::fill(row, row + cols, 0.0f);
-                continue;
-              }
-              if (mr != kNegInf && mr != mx) {  // rescale what the row holds to the new max
-                float alpha = std::exp(mr - mx);
-                lr *= alpha;
-                float* ar = acc.data() + (r0 + r) * g.ev;
-                vec::map(ar, ar, g.ev, [alpha](auto x) { return x * alpha; });
-              }
-              lr += vec_exp_sum(row, row, cols, mx);
-              mr = mx;
-              if (g.dropout > 0)
-                for (int64_t c = 0; c < cols; ++c)
-                  row[c] = keep(g.key, g.element(b, h, q0 + r0 + r, k0 + c), g.dropout)
-                               ? row[c] * drop_scale
-                               : 0.0f;
-            }
-            vec_small_gemm(nr, g.ev, cols, 1.0f, s.data(), cols, 1, vrows + k0 * ldv, ldv, true,
-                           acc.data() + r0 * g.ev, g.ev);
+        for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
+          int64_t nr = std::min(kTileQ, nq - r0), cols = g.visible_end(b, h, q0 + r0, nr);
+          float* yrows = yp + (q0 + r0) * g.oy.row;
+          if (cols <= 0) {  // these rows see nothing: zeros, as torch gives
+            zero_rows(yrows, nr, g.ev, g.oy.row);
+            std::fill(lp + q0 + r0, lp + q0 + r0 + nr, kNegInf);
+            continue;
           }
-        }
-        float* yp = py + g.oy.at(b, h);
-        for (int64_t r = 0; r < nq; ++r) {
-          float lr = l[static_cast<size_t>(r)], inv = lr > 0 ? 1.0f / lr : 0.0f;
-          vec::map(acc.data() + r * g.ev, yp + (q0 + r) * g.oy.row, g.ev,
-                   [inv](auto x) { return x * inv; });
-          pl[(b * g.hq + h) * g.lq + q0 + r] =
-              lr > 0 ? m[static_cast<size_t>(r)] + std::log(lr) : kNegInf;
+          // S^T = K Q^T for the tile's rows (and the block's next rows, as padding: hidden).
+          vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk, 1, qt.data() + r0, kBlockQ, false,
+                         st.data(), kTileQ);
+          int64_t ld_mask = 0;
+          const float* mcols = g.tile_mask(b, h, q0 + r0, nr, cols, mask_scratch.data(), ld_mask);
+          vec_attention_softmax_t(st.data(), cols, nr, mcols, ld_mask, g.causal ? q0 + r0 : -1,
+                                  lp + q0 + r0);
+          if (g.dropout > 0)
+            for (int64_t c = 0; c < cols; ++c)
+              for (int64_t r = 0; r < nr; ++r) {
+                float& x = st[static_cast<size_t>(c * kTileQ + r)];
+                x = keep(g.key, g.element(b, h, q0 + r0 + r, c), g.dropout) ? x * drop_scale : 0.0f;
+              }
+          // Y = P V, P read through its transpose.
+          vec_small_gemm(nr, g.ev, cols, 1.0f, st.data(), 1, kTileQ, vrows, ldv, false, yrows,
+                         g.oy.row);
         }
       }
     });
@@ -442,97 +428,112 @@ void attention_grad(KernelContext& ctx) {
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
   float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
   const int64_t ldq = g.oq.row, ldk = g.ok.row, ldv = g.ov.row, ldy = g.oy.row;
-  parallel_for(ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4,
-               [&](int64_t t0, int64_t t1) {
-                 std::vector<float> p(static_cast<size_t>(kTileQ * kBlockK));
-                 std::vector<float> dp(p.size()), pd(p.size()), d(kTileQ);
-                 // The head's keys and values, transposed once: [e, lk] and [ev, lk].
-                 std::vector<float> kt(static_cast<size_t>(g.e * g.lk)),
-                     vt(static_cast<size_t>(g.ev * g.lk));
-                 // With a bias: the head's keys and each query head's queries, biased.
-                 std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
-                 std::vector<float> qb(g.bias ? static_cast<size_t>(g.lq * g.e) : 0);
-                 for (int64_t t = t0; t < t1; ++t) {
-                   int64_t b = t / g.hk, hk = t % g.hk;
-                   const float* kp = pk + g.ok.at(b, hk);
-                   const float* vp = pv + g.ov.at(b, hk);
-                   float* dkp = pdk + g.ok.at(b, hk);
-                   float* dvp = pdv + g.ov.at(b, hk);
-                   int64_t ldk_in = ldk;  // the stride of the keys read (biased: contiguous)
-                   if (g.bias) {
-                     add_bias_rows(kp, ldk, g.lk, g.e, g.bias_of(g.ok, hk), kb.data());
-                     kp = kb.data();
-                     ldk_in = g.e;
-                   }
-                   transpose_matrix(kp, g.lk, g.e, ldk_in, kt.data(), g.lk);
-                   transpose_matrix(vp, g.lk, g.ev, ldv, vt.data(), g.lk);
-                   if (g.bias)
-                     add_bias_transposed(vt.data(), g.lk, g.ev, g.lk, g.bias_of(g.ov, hk));
-                   // This task's slices of the gradients, zeroed here (in parallel) to be summed
-                   // into.
-                   zero_rows(dkp, g.lk, g.e, ldk);
-                   zero_rows(dvp, g.lk, g.ev, ldv);
-                   for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
-                     const float* qp = pq + g.oq.at(b, h);
-                     int64_t ldq_in = ldq;
-                     if (g.bias) {
-                       add_bias_rows(qp, ldq, g.lq, g.e, g.bias_of(g.oq, h), qb.data());
-                       qp = qb.data();
-                       ldq_in = g.e;
-                     }
-                     const float* dyp = pdy + g.oy.at(b, h);
-                     const float* yp = py + g.oy.at(b, h);
-                     const float* lp = pl + (b * g.hq + h) * g.lq;
-                     float* dqp = pdq + g.oq.at(b, h);
-                     int64_t rows = (b * g.hq + h) * g.lq;  // the head's first row in LSE and dMask
-                     for (int64_t q0 = 0; q0 < g.lq; q0 += kTileQ) {
-                       int64_t nq = std::min(kTileQ, g.lq - q0);
-                       for (int64_t r = 0; r < nq; ++r) {  // D = rowsum(dY * Y)
-                         d[static_cast<size_t>(r)] =
-                             vec::dot_centered(dyp + (q0 + r) * ldy, yp + (q0 + r) * ldy, g.ev, 0);
-                       }
-                       zero_rows(dqp + q0 * ldq, nq, g.e, ldq);
-                       int64_t kend = g.visible_end(b, h, q0, nq);
-                       for (int64_t k0 = 0; k0 < kend; k0 += kBlockK) {
-                         int64_t nk = std::min(kBlockK, kend - k0);
-                         g.scores(qp + q0 * ldq_in, ldq_in, kt.data() + k0, g.lk, b, h, q0, nq, k0,
-                                  nk, p.data());
-                         vec_exp_rows(p.data(), nq, nk, lp + q0);  // P = exp(S - LSE), 0 masked
-                         // dP = dY V^T
-                         vec_small_gemm(nq, nk, g.ev, 1.0f, dyp + q0 * ldy, ldy, 1, vt.data() + k0,
-                                        g.lk, false, dp.data(), nk);
-                         const float* pk_used = p.data();  // the probabilities dV takes
-                         if (g.dropout > 0) {
-                           // dV takes the dropped probabilities; dP reaches P through the same
-                           // mask.
-                           for (int64_t r = 0; r < nq; ++r)
-                             for (int64_t c = 0; c < nk; ++c) {
-                               bool kept = keep(g.key, g.element(b, h, q0 + r, k0 + c), g.dropout);
-                               size_t i = static_cast<size_t>(r * nk + c);
-                               pd[i] = kept ? p[i] * drop_scale : 0.0f;
-                               dp[i] *= kept ? drop_scale : 0.0f;
-                             }
-                           pk_used = pd.data();
-                         }
-                         vec_small_gemm(nk, g.ev, nq, 1.0f, pk_used, 1, nk, dyp + q0 * ldy, ldy,
-                                        true, dvp + k0 * ldv, ldv);
-                         for (int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - D), into dp
-                           float* ds = dp.data() + r * nk;
-                           const float* pr = p.data() + r * nk;
-                           float dr = d[static_cast<size_t>(r)];
-                           for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - dr);
-                           if (pdm)
-                             std::memcpy(pdm + (rows + q0 + r) * g.lk + k0, ds, sizeof(float) * nk);
-                         }
-                         vec_small_gemm(nq, g.e, nk, g.scale, dp.data(), nk, 1, kp + k0 * ldk_in,
-                                        ldk_in, true, dqp + q0 * ldq, ldq);
-                         vec_small_gemm(nk, g.e, nq, g.scale, dp.data(), 1, nk, qp + q0 * ldq_in,
-                                        ldq_in, true, dkp + k0 * ldk, ldk);
-                       }
-                     }
-                   }
-                 }
-               });
+  constexpr size_t kR = kTileQ;
+  parallel_for(
+      ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4, [&](int64_t t0, int64_t t1) {
+        // One tile's P^T and dP^T (then dS^T), a column of kTileQ rows per key; dY and Y of the
+        // tile transposed; the query head's Q transposed ([e, lq_pad]).
+        std::vector<float> pt(static_cast<size_t>(g.lk) * kR), dpt(pt.size()), pdrop;
+        std::vector<float> dyt(static_cast<size_t>(g.ev) * kR), yt(dyt.size());
+        std::vector<float> qt(static_cast<size_t>(g.e * g.lq_pad)), mask_scratch;
+        if (g.mask && g.mask_cols.empty()) mask_scratch.resize(pt.size());
+        if (g.dropout > 0) pdrop.resize(pt.size());
+        alignas(64) float d[kR], lse16[kR];
+        // With a bias: the head's keys and values and each query head's queries, biased.
+        std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
+        std::vector<float> vb(g.bias ? static_cast<size_t>(g.lk * g.ev) : 0);
+        std::vector<float> qb(g.bias ? static_cast<size_t>(g.lq * g.e) : 0);
+        for (int64_t t = t0; t < t1; ++t) {
+          int64_t b = t / g.hk, hk = t % g.hk;
+          const float* krows = pk + g.ok.at(b, hk);
+          const float* vrows = pv + g.ov.at(b, hk);
+          int64_t ldk_in = ldk, ldv_in = ldv;  // the strides of the keys and values read
+          if (g.bias) {
+            add_bias_rows(krows, ldk, g.lk, g.e, g.bias_of(g.ok, hk), kb.data());
+            add_bias_rows(vrows, ldv, g.lk, g.ev, g.bias_of(g.ov, hk), vb.data());
+            krows = kb.data();
+            vrows = vb.data();
+            ldk_in = g.e;
+            ldv_in = g.ev;
+          }
+          float* dkp = pdk + g.ok.at(b, hk);
+          float* dvp = pdv + g.ov.at(b, hk);
+          // This task's slices of dK and dV, zeroed here (in parallel) to be summed into.
+          zero_rows(dkp, g.lk, g.e, ldk);
+          zero_rows(dvp, g.lk, g.ev, ldv);
+          for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
+            const float* qrows = pq + g.oq.at(b, h);
+            int64_t ldq_in = ldq;
+            if (g.bias) {
+              add_bias_rows(qrows, ldq, g.lq, g.e, g.bias_of(g.oq, h), qb.data());
+              qrows = qb.data();
+              ldq_in = g.e;
+            }
+            transpose_matrix(qrows, g.lq, g.e, ldq_in, qt.data(), g.lq_pad);
+            const float* dyp = pdy + g.oy.at(b, h);
+            const float* yp = py + g.oy.at(b, h);
+            const float* lp = pl + (b * g.hq + h) * g.lq;
+            float* dqp = pdq + g.oq.at(b, h);
+            int64_t rows = (b * g.hq + h) * g.lq;  // the head's first row in LSE and dMask
+            for (int64_t q0 = 0; q0 < g.lq; q0 += kTileQ) {
+              int64_t nr = std::min(kTileQ, g.lq - q0), cols = g.visible_end(b, h, q0, nr);
+              if (cols <= 0) {  // rows that see nothing have no gradient
+                zero_rows(dqp + q0 * ldq, nr, g.e, ldq);
+                continue;
+              }
+              // P^T = exp(S^T - LSE), 0 where hidden.
+              vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk_in, 1, qt.data() + q0, g.lq_pad,
+                             false, pt.data(), kTileQ);
+              std::fill(lse16, lse16 + kR, 0.0f);
+              std::copy(lp + q0, lp + q0 + nr, lse16);
+              int64_t ld_mask = 0;
+              const float* mcols = g.tile_mask(b, h, q0, nr, cols, mask_scratch.data(), ld_mask);
+              vec_attention_exp_t(pt.data(), cols, nr, mcols, ld_mask, g.causal ? q0 : -1, lse16);
+              // dY and Y of the tile, transposed (padding rows zero), and D = rowsum(dY * Y).
+              if (nr < kTileQ) {
+                std::fill(dyt.begin(), dyt.end(), 0.0f);
+                std::fill(yt.begin(), yt.end(), 0.0f);
+              }
+              transpose_matrix(dyp + q0 * ldy, nr, g.ev, ldy, dyt.data(), kTileQ);
+              transpose_matrix(yp + q0 * ldy, nr, g.ev, ldy, yt.data(), kTileQ);
+              for (size_t r = 0; r < kR; r += 8) {
+                vec::f8 acc{};
+                for (size_t j = 0; j < static_cast<size_t>(g.ev); ++j)
+                  acc += vec::load(dyt.data() + j * kR + r) * vec::load(yt.data() + j * kR + r);
+                vec::store(d + r, acc);
+              }
+              // dP^T = V dY^T.
+              vec_small_gemm(cols, kTileQ, g.ev, 1.0f, vrows, ldv_in, 1, dyt.data(), kTileQ, false,
+                             dpt.data(), kTileQ);
+              const float* p_used = pt.data();  // the probabilities dV takes
+              if (g.dropout > 0) {
+                // dV takes the dropped probabilities; dP reaches P through the same mask.
+                for (int64_t c = 0; c < cols; ++c)
+                  for (int64_t r = 0; r < kTileQ; ++r) {
+                    size_t i = static_cast<size_t>(c * kTileQ + r);
+                    bool kept = r < nr && keep(g.key, g.element(b, h, q0 + r, c), g.dropout);
+                    pdrop[i] = kept ? pt[i] * drop_scale : 0.0f;
+                    dpt[i] *= kept ? drop_scale : 0.0f;
+                  }
+                p_used = pdrop.data();
+              }
+              // dV += P^T dY.
+              vec_small_gemm(cols, g.ev, nr, 1.0f, p_used, kTileQ, 1, dyp + q0 * ldy, ldy, true,
+                             dvp, ldv);
+              vec_attention_grad_t(pt.data(), dpt.data(), cols, d);  // dS^T = P^T * (dP^T - D)
+              if (pdm)
+                for (int64_t r = 0; r < nr; ++r)
+                  for (int64_t c = 0; c < cols; ++c)
+                    pdm[(rows + q0 + r) * g.lk + c] = dpt[static_cast<size_t>(c * kTileQ + r)];
+              // dK += scale dS^T Q; dQ = scale dS K (dS read through its transpose).
+              vec_small_gemm(cols, g.e, nr, g.scale, dpt.data(), kTileQ, 1, qrows + q0 * ldq_in,
+                             ldq_in, true, dkp, ldk);
+              vec_small_gemm(nr, g.e, cols, g.scale, dpt.data(), 1, kTileQ, krows, ldk_in, false,
+                             dqp + q0 * ldq, ldq);
+            }
+          }
+        }
+      });
 }
 
 const bool registered = [] {

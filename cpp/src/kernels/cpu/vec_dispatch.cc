@@ -9,6 +9,11 @@ namespace avx512 {  // vec_dispatch_avx512.cc
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
 void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
+void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                         int64_t causal_row0, float* lse);
+void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                     int64_t causal_row0, const float* lse);
+void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d);
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
 void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
@@ -45,6 +50,30 @@ void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
   if (vec_uses_avx512()) return avx512::exp_rows(p, rows, cols, shifts);
 #endif
   vec::exp_rows<vec::f8>(p, rows, cols, shifts);
+}
+
+void vec_attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                             int64_t causal_row0, float* lse) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512())
+    return avx512::attention_softmax_t(t, cols, rows, m, ld_m, causal_row0, lse);
+#endif
+  vec::attention_softmax_t<vec::f8>(t, cols, rows, m, ld_m, causal_row0, lse);
+}
+
+void vec_attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                         int64_t causal_row0, const float* lse) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::attention_exp_t(t, cols, rows, m, ld_m, causal_row0, lse);
+#endif
+  vec::attention_exp_t<vec::f8>(t, cols, rows, m, ld_m, causal_row0, lse);
+}
+
+void vec_attention_grad_t(const float* p, float* ds, int64_t cols, const float* d) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::attention_grad_t(p, ds, cols, d);
+#endif
+  vec::attention_grad_t<vec::f8>(p, ds, cols, d);
 }
 
 void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y,

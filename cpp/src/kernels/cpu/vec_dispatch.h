@@ -29,6 +29,23 @@ float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale 
 // is -inf (nothing visible) becomes zeros. One call for a block of rows, each with its own shift.
 void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
 
+// Attention's tiles of scores, held transposed: t[c * 16 + r] is query row r's score for key c
+// (c < cols, r < 16; rows r >= `rows` are padding), so that a row's max and sum are lane-wise
+// sums down the columns, with no per-row reduction or call. Each column first gets the mask's
+// column added (m[c * ld_m + r], where m is not null), then -inf on the padding rows and, with
+// causal_row0 >= 0, on the rows before the key (c > causal_row0 + r).
+constexpr int64_t kAttentionTileRows = 16;
+// The softmax of each row, in place; lse[r] for r < rows: the row's log-sum-exp (-inf, and zero
+// probabilities, for a row that sees nothing).
+void vec_attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                             int64_t causal_row0, float* lse);
+// The probabilities again from the forward's log-sum-exps: exp(score - lse[r]) (lse: 16 values).
+void vec_attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                         int64_t causal_row0, const float* lse);
+// ds = p * (ds - d[r]) over a transposed tile: the scores' gradient from dP (in ds) and
+// D = rowsum(dY * Y) (d: 16 values).
+void vec_attention_grad_t(const float* p, float* ds, int64_t cols, const float* d);
+
 // y = softmax(x * scale + m) over n floats; m: n values (m_runs), one value for the row, or null.
 void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 

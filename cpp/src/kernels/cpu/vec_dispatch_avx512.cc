@@ -18,6 +18,20 @@ void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
   vec::exp_rows<vec::f16>(p, rows, cols, shifts);
 }
 
+void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                         int64_t causal_row0, float* lse) {
+  vec::attention_softmax_t<vec::f16>(t, cols, rows, m, ld_m, causal_row0, lse);
+}
+
+void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                     int64_t causal_row0, const float* lse) {
+  vec::attention_exp_t<vec::f16>(t, cols, rows, m, ld_m, causal_row0, lse);
+}
+
+void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d) {
+  vec::attention_grad_t<vec::f16>(p, ds, cols, d);
+}
+
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n) {
   vec::softmax_row<vec::f16>(x, m, m_runs, scale, y, n);
 }

@@ -155,6 +155,103 @@ void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
   }
 }
 
+// Attention's transposed tiles (vec_dispatch.h): a column of kAttentionTileRows rows is kV
+// vectors.
+template <typename V>
+struct Tile {
+  static constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  static constexpr int kV = static_cast<int>(kAttentionTileRows / kLanes);
+  static_assert(kAttentionTileRows % kLanes == 0);
+  // Lane i of vector j: row j * kLanes + i.
+  static V rows_of(int j) {
+    V r;
+    for (int64_t i = 0; i < kLanes; ++i) r[i] = static_cast<float>(j * kLanes + i);
+    return r;
+  }
+  // Column c with the mask added and the hidden rows at -inf, into x.
+  static void column(const float* t, int64_t c, int64_t rows, const float* m, int64_t ld_m,
+                     int64_t causal_row0, V* x) {
+    // Rows r < first come before key c (causal); rows r >= rows are padding.
+    const int64_t first = causal_row0 >= 0 ? c - causal_row0 : 0;
+    for (int j = 0; j < kV; ++j) {
+      V v = load_as<V>(t + c * kAttentionTileRows + j * kLanes);
+      if (m) v += load_as<V>(m + c * ld_m + j * kLanes);
+      if (first > j * kLanes || rows < (j + 1) * kLanes) {
+        V r = rows_of(j);
+        v = (r < static_cast<float>(first)) | (r >= static_cast<float>(rows)) ? V{} - INFINITY : v;
+      }
+      x[j] = v;
+    }
+  }
+};
+
+template <typename V>
+void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                         int64_t causal_row0, float* lse) {
+  using T = Tile<V>;
+  constexpr int64_t L = T::kLanes, R = kAttentionTileRows;
+  V top[T::kV], sum[T::kV];
+  for (int j = 0; j < T::kV; ++j) top[j] = V{} - INFINITY;
+  for (int64_t c = 0; c < cols; ++c) {
+    V x[T::kV];
+    T::column(t, c, rows, m, ld_m, causal_row0, x);
+    for (int j = 0; j < T::kV; ++j) {
+      store_as(t + c * R + j * L, x[j]);
+      top[j] = x[j] > top[j] ? x[j] : top[j];
+    }
+  }
+  V shift[T::kV];  // a row that sees nothing: exp(-inf - 0) = 0, not exp(-inf + inf)
+  for (int j = 0; j < T::kV; ++j) {
+    shift[j] = top[j] == V{} - INFINITY ? V{} : top[j];
+    sum[j] = V{};
+  }
+  for (int64_t c = 0; c < cols; ++c)
+    for (int j = 0; j < T::kV; ++j) {
+      V e = exp(load_as<V>(t + c * R + j * L) - shift[j]);
+      sum[j] += e;
+      store_as(t + c * R + j * L, e);
+    }
+  V inv[T::kV];
+  for (int j = 0; j < T::kV; ++j) inv[j] = sum[j] > 0.0f ? 1.0f / sum[j] : V{};
+  for (int64_t c = 0; c < cols; ++c)
+    for (int j = 0; j < T::kV; ++j)
+      store_as(t + c * R + j * L, load_as<V>(t + c * R + j * L) * inv[j]);
+  for (int64_t r = 0; r < rows; ++r) {
+    float s = sum[r / L][r % L];
+    lse[r] = s > 0.0f ? top[r / L][r % L] + std::log(s) : -INFINITY;
+  }
+}
+
+template <typename V>
+void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
+                     int64_t causal_row0, const float* lse) {
+  using T = Tile<V>;
+  constexpr int64_t L = T::kLanes, R = kAttentionTileRows;
+  V shift[T::kV];  // a row that saw nothing (lse -inf) is all -inf: exp(-inf - 0) = 0
+  for (int j = 0; j < T::kV; ++j) {
+    V l = load_as<V>(lse + j * L);
+    shift[j] = l == V{} - INFINITY ? V{} : l;
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    V x[T::kV];
+    T::column(t, c, rows, m, ld_m, causal_row0, x);
+    for (int j = 0; j < T::kV; ++j) store_as(t + c * R + j * L, exp(x[j] - shift[j]));
+  }
+}
+
+template <typename V>
+void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d) {
+  using T = Tile<V>;
+  constexpr int64_t L = T::kLanes, R = kAttentionTileRows;
+  V dv[T::kV];
+  for (int j = 0; j < T::kV; ++j) dv[j] = load_as<V>(d + j * L);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int j = 0; j < T::kV; ++j) {
+      float* o = ds + c * R + j * L;
+      store_as(o, load_as<V>(p + c * R + j * L) * (load_as<V>(o) - dv[j]));
+    }
+}
+
 // A row of K vectors held in registers: z = x * scale + mask, its max, exp and normalization, one
 // read of x and one write of y.
 template <typename V, int K>
