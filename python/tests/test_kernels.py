@@ -196,6 +196,21 @@ def test_reduce(op, fn, axes, keep):
     close(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(7, 9, 13), (3, 50, 20), (2, 2, 600)])
+def test_reduce_sum_over_leading_axes(shape):
+    """A bias gradient's sum over the leading axes: rows four at a time, blocks of 64 rows, and
+    the rows left over."""
+    x = randn(*shape)
+    for op, fn in (("ReduceSum", np.sum), ("ReduceMean", np.mean)):
+        (out,) = run_node(
+            op,
+            {"x": x, "axes": np.array([0, 1], np.int64)},
+            {"keepdims": 0},
+            constant_inputs=("axes",),
+        )
+        close(out, fn(x.astype(np.float64), axis=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
 def test_reduce_sum_long_row_is_accurate():
     x = (rng.random((2, 100_003)) + 1000).astype(np.float32)
     (out,) = run_node(
