@@ -224,6 +224,112 @@ TEST(VecDispatch, AttentionTilesMatchTheFormulas) {
         }
 }
 
+// LayerNormalization's rows in registers (AddLayerNormalization's sum included) and its
+// gradient (a residual gradient added), dispatched and on 8 lanes, against double-precision
+// formulas; a width with no register form is refused (false) and left untouched.
+TEST(VecDispatch, LayerNormRowsMatchTheFormulas) {
+  using Rows = bool (*)(const LayerNormRows&, int64_t, int64_t);
+  using GradRows = bool (*)(const LayerNormGradRows&, int64_t, int64_t);
+  const struct {
+    const char* name;
+    Rows rows;
+    GradRows grad;
+    int64_t lanes;
+  } impls[] = {
+      {"dispatched", vec_layer_norm_rows, vec_layer_norm_grad_rows, vec_uses_avx512() ? 16 : 8},
+      {"8 lanes", vec::layer_norm_rows<vec::f8>, vec::layer_norm_grad_rows<vec::f8>, 8}};
+  const int64_t n = 5;
+  for (const auto& impl : impls)
+    for (int64_t k : {1, 2, 4, 8, 16, 17}) {
+      const int64_t cols = k * impl.lanes;
+      auto wave = [](int64_t size, float f, float scale, float shift) {
+        std::vector<float> v(static_cast<size_t>(size));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(f * i) + shift;
+        return v;
+      };
+      std::vector<float> x = wave(n * cols, 0.37f, 2.0f, 0.5f), res = wave(n * cols, 0.11f, 1, 0);
+      std::vector<float> add = wave(cols, 0.9f, 0.3f, 0), gamma = wave(cols, 0.23f, 0.5f, 1);
+      std::vector<float> beta = wave(cols, 0.71f, 0.2f, 0), dy = wave(n * cols, 0.53f, 1, 0);
+      for (bool residual : {false, true}) {
+        std::vector<float> y(x.size(), -7.0f), sum(x.size()), mean(n), inv(n);
+        LayerNormRows a{x.data(),
+                        residual ? res.data() : nullptr,
+                        residual ? add.data() : nullptr,
+                        sum.data(),
+                        gamma.data(),
+                        residual ? nullptr : beta.data(),
+                        1e-5f,
+                        y.data(),
+                        mean.data(),
+                        inv.data(),
+                        cols};
+        bool done = impl.rows(a, 0, n);
+        ASSERT_EQ(done, k <= (impl.lanes == 16 ? 16 : 8)) << impl.name << " cols " << cols;
+        if (!done) {
+          EXPECT_EQ(y[0], -7.0f);
+          continue;
+        }
+        std::vector<double> xs(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < n; ++r) {
+          double mu = 0, var = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            size_t i = static_cast<size_t>(r * cols + c);
+            xs[static_cast<size_t>(c)] = residual ? double{x[i]} + res[i] + add[c] : x[i];
+            if (residual) {
+              EXPECT_NEAR(sum[i], xs[static_cast<size_t>(c)], 1e-6);
+            }
+            mu += xs[static_cast<size_t>(c)];
+          }
+          mu /= cols;
+          for (double v : xs) var += (v - mu) * (v - mu);
+          double iv = 1 / std::sqrt(var / cols + 1e-5);
+          EXPECT_NEAR(mean[r], mu, 1e-6) << impl.name << " cols " << cols;
+          EXPECT_NEAR(inv[r], iv, 1e-5 * iv);
+          for (int64_t c = 0; c < cols; ++c) {
+            double want =
+                (xs[static_cast<size_t>(c)] - mu) * iv * gamma[c] + (residual ? 0 : beta[c]);
+            EXPECT_NEAR(y[static_cast<size_t>(r * cols + c)], want, 2e-5)
+                << impl.name << " cols " << cols << " at " << r << "," << c;
+          }
+        }
+        // The gradient at the same rows (x, or the residual sum), with a gradient to add.
+        const float* xin = residual ? sum.data() : x.data();
+        std::vector<float> dx(x.size()), dw(cols, 0.0f), db(cols, 0.0f);
+        LayerNormGradRows ga{dy.data(),   xin,        gamma.data(),
+                             mean.data(), inv.data(), residual ? res.data() : nullptr,
+                             dx.data(),   dw.data(),  db.data(),
+                             cols};
+        bool grad_done = impl.grad(ga, 0, n);
+        ASSERT_EQ(grad_done, k <= (impl.lanes == 16 ? 8 : 4)) << impl.name << " cols " << cols;
+        if (!grad_done) continue;
+        std::vector<double> want_dw(static_cast<size_t>(cols), 0), want_db = want_dw;
+        for (int64_t r = 0; r < n; ++r) {
+          double sd = 0, sdx = 0;
+          std::vector<double> xh(static_cast<size_t>(cols));
+          for (int64_t c = 0; c < cols; ++c) {
+            size_t i = static_cast<size_t>(r * cols + c);
+            xh[static_cast<size_t>(c)] = (double{xin[i]} - mean[r]) * inv[r];
+            sd += double{dy[i]} * gamma[c];
+            sdx += double{dy[i]} * gamma[c] * xh[static_cast<size_t>(c)];
+            want_dw[static_cast<size_t>(c)] += dy[i] * xh[static_cast<size_t>(c)];
+            want_db[static_cast<size_t>(c)] += dy[i];
+          }
+          for (int64_t c = 0; c < cols; ++c) {
+            size_t i = static_cast<size_t>(r * cols + c);
+            double want = inv[r] * (double{dy[i]} * gamma[c] - sd / cols -
+                                    xh[static_cast<size_t>(c)] * sdx / cols) +
+                          (residual ? res[i] : 0.0);
+            EXPECT_NEAR(dx[i], want, 1e-4) << impl.name << " cols " << cols << " at " << i;
+          }
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          EXPECT_NEAR(dw[c], want_dw[static_cast<size_t>(c)], 1e-4) << impl.name;
+          EXPECT_NEAR(db[c], want_db[static_cast<size_t>(c)], 1e-4) << impl.name;
+        }
+      }
+    }
+}
+
 TEST(VecMath, ExpWithinOneUlp) {
   auto ulps = [](float a, float b) {
     int32_t ia, ib;

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_dispatch.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace graphtrain::cpu {
@@ -55,7 +56,9 @@ void layer_norm(KernelContext& ctx) {
   const float* px = x.data<float>();
   const float* g = scale.data<float>();
   float* py = y.data<float>();
+  LayerNormRows in_registers{px, pr, pab, ps, g, bias, eps, py, mean_out, inv_out, cols};
   parallel_for(ctx, rows, cols * (kAdd ? 4 : 3), [&](int64_t lo, int64_t hi) {
+    if (vec_layer_norm_rows(in_registers, lo, hi)) return;
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = px + r * cols;
       float* yr = py + r * cols;
@@ -215,45 +218,48 @@ void layer_norm_grad(KernelContext& ctx) {
       for (int64_t r0 = t * chunk; r0 < end; r0 += kBlock) {
         std::fill(bw.begin(), bw.end(), 0.0f);
         std::fill(bb.begin(), bb.end(), 0.0f);
-        for (int64_t r = r0; r < std::min(end, r0 + kBlock); ++r) {
-          const float* gr = g + r * cols;
-          const float* xr = px + r * cols;
-          const float mu = pm[r], iv = pi[r];
-          const vec::f8 mu8 = vec::splat(mu), iv8 = vec::splat(iv);
-          // sum of d = dy * scale and of d * xhat; dScale += dy * xhat, dBias += dy
-          vec::f8 acc_d{}, acc_dx{};
-          int64_t i = 0;
-          for (; i + 8 <= cols; i += 8) {
-            vec::f8 gi = vec::load(gr + i), xh = (vec::load(xr + i) - mu8) * iv8;
-            vec::f8 d = gi * vec::load(w + i);
-            acc_d += d;
-            acc_dx += d * xh;
-            vec::store(bw.data() + i, vec::load(bw.data() + i) + gi * xh);
-            vec::store(bb.data() + i, vec::load(bb.data() + i) + gi);
+        const int64_t r1 = std::min(end, r0 + kBlock);
+        LayerNormGradRows in_registers{g, px, w, pm, pi, acc, dx, bw.data(), bb.data(), cols};
+        if (!vec_layer_norm_grad_rows(in_registers, r0, r1))
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* gr = g + r * cols;
+            const float* xr = px + r * cols;
+            const float mu = pm[r], iv = pi[r];
+            const vec::f8 mu8 = vec::splat(mu), iv8 = vec::splat(iv);
+            // sum of d = dy * scale and of d * xhat; dScale += dy * xhat, dBias += dy
+            vec::f8 acc_d{}, acc_dx{};
+            int64_t i = 0;
+            for (; i + 8 <= cols; i += 8) {
+              vec::f8 gi = vec::load(gr + i), xh = (vec::load(xr + i) - mu8) * iv8;
+              vec::f8 d = gi * vec::load(w + i);
+              acc_d += d;
+              acc_dx += d * xh;
+              vec::store(bw.data() + i, vec::load(bw.data() + i) + gi * xh);
+              vec::store(bb.data() + i, vec::load(bb.data() + i) + gi);
+            }
+            float sum_d = vec::lane_sum(acc_d), sum_dx = vec::lane_sum(acc_dx);
+            for (; i < cols; ++i) {
+              float xh = (xr[i] - mu) * iv, d = gr[i] * w[i];
+              sum_d += d;
+              sum_dx += d * xh;
+              bw[static_cast<size_t>(i)] += gr[i] * xh;
+              bb[static_cast<size_t>(i)] += gr[i];
+            }
+            if (!dx) continue;
+            float* dr = dx + r * cols;
+            const float* ar = acc ? acc + r * cols : nullptr;
+            const vec::f8 a8 = vec::splat(inv_n * sum_d), b8 = vec::splat(inv_n * sum_dx);
+            for (i = 0; i + 8 <= cols; i += 8) {
+              vec::f8 xh = (vec::load(xr + i) - mu8) * iv8;
+              vec::f8 d = iv8 * (vec::load(gr + i) * vec::load(w + i) - (a8 + xh * b8));
+              vec::store(dr + i, ar ? d + vec::load(ar + i) : d);
+            }
+            for (; i < cols; ++i) {
+              float xh = (xr[i] - mu) * iv;
+              float d = iv * (gr[i] * w[i] - (inv_n * sum_d + xh * (inv_n * sum_dx)));
+              dr[i] = ar ? d + ar[i] : d;
+            }
           }
-          float sum_d = vec::lane_sum(acc_d), sum_dx = vec::lane_sum(acc_dx);
-          for (; i < cols; ++i) {
-            float xh = (xr[i] - mu) * iv, d = gr[i] * w[i];
-            sum_d += d;
-            sum_dx += d * xh;
-            bw[static_cast<size_t>(i)] += gr[i] * xh;
-            bb[static_cast<size_t>(i)] += gr[i];
-          }
-          if (!dx) continue;
-          float* dr = dx + r * cols;
-          const float* ar = acc ? acc + r * cols : nullptr;
-          const vec::f8 a8 = vec::splat(inv_n * sum_d), b8 = vec::splat(inv_n * sum_dx);
-          for (i = 0; i + 8 <= cols; i += 8) {
-            vec::f8 xh = (vec::load(xr + i) - mu8) * iv8;
-            vec::f8 d = iv8 * (vec::load(gr + i) * vec::load(w + i) - (a8 + xh * b8));
-            vec::store(dr + i, ar ? d + vec::load(ar + i) : d);
-          }
-          for (; i < cols; ++i) {
-            float xh = (xr[i] - mu) * iv;
-            float d = iv * (gr[i] * w[i] - (inv_n * sum_d + xh * (inv_n * sum_dx)));
-            dr[i] = ar ? d + ar[i] : d;
-          }
-        }
         for (int64_t q = 0; q < cols; ++q) {
           dwt[static_cast<size_t>(q)] += bw[static_cast<size_t>(q)];
           dbt[static_cast<size_t>(q)] += bb[static_cast<size_t>(q)];

@@ -14,6 +14,8 @@ void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, i
 void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                      int64_t causal_row0, const float* lse);
 void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d);
+bool layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1);
+bool layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1);
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n);
 void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n);
 void small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
@@ -74,6 +76,20 @@ void vec_attention_grad_t(const float* p, float* ds, int64_t cols, const float* 
   if (vec_uses_avx512()) return avx512::attention_grad_t(p, ds, cols, d);
 #endif
   vec::attention_grad_t<vec::f8>(p, ds, cols, d);
+}
+
+bool vec_layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::layer_norm_rows(a, r0, r1);
+#endif
+  return vec::layer_norm_rows<vec::f8>(a, r0, r1);
+}
+
+bool vec_layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::layer_norm_grad_rows(a, r0, r1);
+#endif
+  return vec::layer_norm_grad_rows<vec::f8>(a, r0, r1);
 }
 
 void vec_softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y,

@@ -60,6 +60,44 @@ void vec_small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a
                     int64_t a_col, const float* b, int64_t ldb, bool accumulate, float* c,
                     int64_t ldc);
 
+// LayerNormalization over rows r0..r1 of `cols` floats, each row held in registers (one read of
+// it): y = (x - mean) / sqrt(var + eps) * gamma (+ beta), mean and inv = 1 / sqrt(var + eps) per
+// row where not null. With res, x + res (+ add, a bias over the row) is normalized and written to
+// sum (AddLayerNormalization). Returns false, doing nothing, for a row width it has no register
+// form of (not a multiple of the vector width, or over 16 vectors): the caller loops itself.
+struct LayerNormRows {
+  const float* x = nullptr;
+  const float* res = nullptr;
+  const float* add = nullptr;
+  float* sum = nullptr;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  float eps = 1e-5f;
+  float* y = nullptr;
+  float* mean = nullptr;
+  float* inv = nullptr;
+  int64_t cols = 0;
+};
+bool vec_layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1);
+
+// LayerNormalization's gradient over rows r0..r1, each row in registers: dx = inv * (dy * w -
+// mean(dy * w) - xhat * mean(dy * w * xhat)) (+ res, a gradient to add) where dx is not null, and
+// dw[c] += dy * xhat, db[c] += dy (float partial sums the caller adds up). Returns false, doing
+// nothing, for a row width it has no register form of (over 8 vectors).
+struct LayerNormGradRows {
+  const float* dy = nullptr;
+  const float* x = nullptr;
+  const float* w = nullptr;
+  const float* mean = nullptr;
+  const float* inv = nullptr;
+  const float* res = nullptr;
+  float* dx = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;
+  int64_t cols = 0;
+};
+bool vec_layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1);
+
 // Whether vec_apply runs on AVX-512 here.
 bool vec_uses_avx512();
 

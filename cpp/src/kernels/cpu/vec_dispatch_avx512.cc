@@ -32,6 +32,14 @@ void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d) {
   vec::attention_grad_t<vec::f16>(p, ds, cols, d);
 }
 
+bool layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1) {
+  return vec::layer_norm_rows<vec::f16>(a, r0, r1);
+}
+
+bool layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1) {
+  return vec::layer_norm_grad_rows<vec::f16>(a, r0, r1);
+}
+
 void softmax_row(const float* x, const float* m, bool m_runs, float scale, float* y, int64_t n) {
   vec::softmax_row<vec::f16>(x, m, m_runs, scale, y, n);
 }

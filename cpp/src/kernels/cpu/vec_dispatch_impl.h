@@ -252,6 +252,94 @@ void attention_grad_t(const float* p, float* ds, int64_t cols, const float* d) {
     }
 }
 
+// LayerNorm of rows of K vectors held in registers (vec_dispatch.h).
+template <typename V, int K>
+void layer_norm_rows_k(const LayerNormRows& a, int64_t r0, int64_t r1) {
+  constexpr int64_t L = sizeof(V) / sizeof(float), kCols = K * L;
+  const float n = static_cast<float>(kCols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t at = r * kCols;
+    V v[K];
+    for (int k = 0; k < K; ++k) v[k] = load_as<V>(a.x + at + k * L);
+    if (a.res) {  // the residual sum first, then normalized like any x
+      for (int k = 0; k < K; ++k) {
+        v[k] += load_as<V>(a.res + at + k * L);
+        if (a.add) v[k] += load_as<V>(a.add + k * L);
+        store_as(a.sum + at + k * L, v[k]);
+      }
+    }
+    V s = v[0];
+    for (int k = 1; k < K; ++k) s += v[k];
+    const float mean = lanes_sum(s) / n;
+    V q{};
+    for (int k = 0; k < K; ++k) {
+      V c = v[k] - mean;
+      q += c * c;
+    }
+    const float inv = 1.0f / std::sqrt(lanes_sum(q) / n + a.eps);
+    for (int k = 0; k < K; ++k) {
+      V y = (v[k] - mean) * inv * load_as<V>(a.gamma + k * L);
+      if (a.beta) y += load_as<V>(a.beta + k * L);
+      store_as(a.y + at + k * L, y);
+    }
+    if (a.mean) a.mean[r] = mean;
+    if (a.inv) a.inv[r] = inv;
+  }
+}
+
+template <typename V, int K = 1>
+bool layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1) {
+  constexpr int64_t L = sizeof(V) / sizeof(float);
+  constexpr int kMax = sizeof(V) == 64 ? 16 : 8;  // row vectors that fit the registers
+  if constexpr (K > kMax) {
+    return false;
+  } else {
+    if (a.cols != K * L) return layer_norm_rows<V, K + 1>(a, r0, r1);
+    layer_norm_rows_k<V, K>(a, r0, r1);
+    return true;
+  }
+}
+
+template <typename V, int K>
+void layer_norm_grad_rows_k(const LayerNormGradRows& a, int64_t r0, int64_t r1) {
+  constexpr int64_t L = sizeof(V) / sizeof(float), kCols = K * L;
+  const float inv_n = 1.0f / static_cast<float>(kCols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t at = r * kCols;
+    const float mu = a.mean[r], iv = a.inv[r];
+    V xh[K], d[K], sum_d{}, sum_dx{};
+    for (int k = 0; k < K; ++k) {
+      V g = load_as<V>(a.dy + at + k * L);
+      xh[k] = (load_as<V>(a.x + at + k * L) - mu) * iv;
+      d[k] = g * load_as<V>(a.w + k * L);
+      sum_d += d[k];
+      sum_dx += d[k] * xh[k];
+      store_as(a.dw + k * L, load_as<V>(a.dw + k * L) + g * xh[k]);
+      store_as(a.db + k * L, load_as<V>(a.db + k * L) + g);
+    }
+    if (!a.dx) continue;
+    const float md = inv_n * lanes_sum(sum_d), mdx = inv_n * lanes_sum(sum_dx);
+    for (int k = 0; k < K; ++k) {
+      V o = iv * (d[k] - (md + xh[k] * mdx));
+      if (a.res) o += load_as<V>(a.res + at + k * L);
+      store_as(a.dx + at + k * L, o);
+    }
+  }
+}
+
+template <typename V, int K = 1>
+bool layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1) {
+  constexpr int64_t L = sizeof(V) / sizeof(float);
+  constexpr int kMax = sizeof(V) == 64 ? 8 : 4;  // x-hat and dy * w of a row in the registers
+  if constexpr (K > kMax) {
+    return false;
+  } else {
+    if (a.cols != K * L) return layer_norm_grad_rows<V, K + 1>(a, r0, r1);
+    layer_norm_grad_rows_k<V, K>(a, r0, r1);
+    return true;
+  }
+}
+
 // A row of K vectors held in registers: z = x * scale + mask, its max, exp and normalization, one
 // read of x and one write of y.
 template <typename V, int K>
