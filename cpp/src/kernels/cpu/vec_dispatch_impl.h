@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cpu/elementwise_math.h"
 #include "kernels/cpu/vec_dispatch.h"
@@ -287,17 +288,24 @@ void layer_norm_rows_k(const LayerNormRows& a, int64_t r0, int64_t r1) {
   }
 }
 
-template <typename V, int K = 1>
-bool layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1) {
-  constexpr int64_t L = sizeof(V) / sizeof(float);
-  constexpr int kMax = sizeof(V) == 64 ? 16 : 8;  // row vectors that fit the registers
+// f(std::integral_constant<int, K>) for the K in 1..kMax with cols = K vectors of V; false, with
+// no call, where there is none.
+template <typename V, int kMax, int K = 1, typename F>
+bool for_row_vectors(int64_t cols, F&& f) {
   if constexpr (K > kMax) {
     return false;
   } else {
-    if (a.cols != K * L) return layer_norm_rows<V, K + 1>(a, r0, r1);
-    layer_norm_rows_k<V, K>(a, r0, r1);
+    if (cols != K * static_cast<int64_t>(sizeof(V) / sizeof(float)))
+      return for_row_vectors<V, kMax, K + 1>(cols, f);
+    f(std::integral_constant<int, K>{});
     return true;
   }
+}
+
+template <typename V>
+bool layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1) {
+  constexpr int kMax = sizeof(V) == 64 ? 16 : 8;  // row vectors that fit the registers
+  return for_row_vectors<V, kMax>(a.cols, [&](auto k) { layer_norm_rows_k<V, k()>(a, r0, r1); });
 }
 
 template <typename V, int K>
@@ -327,17 +335,11 @@ void layer_norm_grad_rows_k(const LayerNormGradRows& a, int64_t r0, int64_t r1) 
   }
 }
 
-template <typename V, int K = 1>
+template <typename V>
 bool layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1) {
-  constexpr int64_t L = sizeof(V) / sizeof(float);
   constexpr int kMax = sizeof(V) == 64 ? 8 : 4;  // x-hat and dy * w of a row in the registers
-  if constexpr (K > kMax) {
-    return false;
-  } else {
-    if (a.cols != K * L) return layer_norm_grad_rows<V, K + 1>(a, r0, r1);
-    layer_norm_grad_rows_k<V, K>(a, r0, r1);
-    return true;
-  }
+  return for_row_vectors<V, kMax>(a.cols,
+                                  [&](auto k) { layer_norm_grad_rows_k<V, k()>(a, r0, r1); });
 }
 
 // A row of K vectors held in registers: z = x * scale + mask, its max, exp and normalization, one
