@@ -137,6 +137,7 @@ class Attention(nn.Module):
         ({}, None, (4, 4)),
         ({"is_causal": True}, None, (4, 4)),
         ({}, "bool", (4, 4)),
+        ({}, "padding", (4, 4)),
         ({"scale": 0.3}, "float", (4, 4)),
         ({"is_causal": True, "enable_gqa": True}, None, (4, 2)),
     ],
@@ -154,6 +155,10 @@ def test_attention_is_one_native_op(kw, mask, heads):
         if mask == "bool":
             m = torch.rand(2, 1, length, length) > 0.3
             m[0, 0, 3] = False  # a fully masked row gives zeros, as in torch
+            args.append(m)
+        elif mask == "padding":  # one flag per key, as a tokenizer's attention mask
+            m = torch.rand(2, 1, 1, length) > 0.3
+            m[..., 0] = True
             args.append(m)
         elif mask == "float":
             args.append(torch.randn(1, hq, length, length))

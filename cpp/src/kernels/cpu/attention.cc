@@ -178,7 +178,10 @@ struct Geometry {
       return mask_cols.data() + q0;
     }
     ld = kTileQ;
-    if (!mask_bool && m_k == 1) {  // rows of a float mask: transposed 8 x 8 in registers
+    if (m_q == 0) {  // one value per key (a padding mask): each column filled with it
+      for (int64_t c = 0; c < cols; ++c)
+        std::fill(scratch + c * kTileQ, scratch + (c + 1) * kTileQ, addend(b, h, q0, c));
+    } else if (!mask_bool && m_k == 1) {  // rows of a float mask: transposed in registers
       transpose_matrix(static_cast<const float*>(mask) + b * m_b + h * m_h + q0 * m_q, nr, cols,
                        m_q, scratch, kTileQ);
     } else {
