@@ -117,9 +117,7 @@ struct Geometry {
   int64_t key_end(int64_t row_end) const { return causal ? std::min(lk, row_end) : lk; }
 
   bool masked_out(int64_t b, int64_t h, int64_t row, int64_t col) const {
-    int64_t i = b * m_b + h * m_h + row * m_q + col * m_k;
-    return mask_bool ? !static_cast<const bool*>(mask)[i]
-                     : static_cast<const float*>(mask)[i] == kNegInf;
+    return addend(b, h, row, col) == kNegInf;
   }
   // Fills `ends` (run once per call: the mask usually broadcasts over batch and heads).
   void find_mask_ends(ThreadPool& pool) {

@@ -8,7 +8,6 @@ namespace graphtrain::cpu {
 namespace avx512 {  // vec_dispatch_avx512.cc
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
-void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse);
 void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
@@ -45,13 +44,6 @@ float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale)
   if (vec_uses_avx512()) return avx512::exp_sum(x, y, n, shift, scale);
 #endif
   return vec::exp_sum<vec::f8>(x, y, n, shift, scale);
-}
-
-void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
-#if defined(__x86_64__)
-  if (vec_uses_avx512()) return avx512::exp_rows(p, rows, cols, shifts);
-#endif
-  vec::exp_rows<vec::f8>(p, rows, cols, shifts);
 }
 
 void vec_attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,

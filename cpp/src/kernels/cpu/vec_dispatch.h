@@ -25,10 +25,6 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift).
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
 
-// p[r * cols + c] = exp(p[r * cols + c] - shifts[r]) for r < rows, c < cols; a row whose shift
-// is -inf (nothing visible) becomes zeros. One call for a block of rows, each with its own shift.
-void vec_exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts);
-
 // Attention's tiles of scores, held transposed: t[c * 16 + r] is query row r's score for key c
 // (c < cols, r < 16; rows r >= `rows` are padding), so that a row's max and sum are lane-wise
 // sums down the columns, with no per-row reduction or call. Each column first gets the mask's

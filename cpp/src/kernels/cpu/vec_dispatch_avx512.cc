@@ -14,10 +14,6 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }
 
-void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
-  vec::exp_rows<vec::f16>(p, rows, cols, shifts);
-}
-
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse) {
   vec::attention_softmax_t<vec::f16>(t, cols, rows, m, ld_m, causal_row0, lse);

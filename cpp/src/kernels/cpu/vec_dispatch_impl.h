@@ -145,17 +145,6 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return s;
 }
 
-template <typename V>
-void exp_rows(float* p, int64_t rows, int64_t cols, const float* shifts) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = p + r * cols;
-    if (shifts[r] == -__builtin_inff())
-      std::fill(row, row + cols, 0.0f);
-    else
-      exp_sum<V>(row, row, cols, shifts[r], 1.0f);
-  }
-}
-
 // Attention's transposed tiles (vec_dispatch.h): a column of kAttentionTileRows rows is kV
 // vectors.
 template <typename V>
