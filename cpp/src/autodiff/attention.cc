@@ -1,7 +1,8 @@
-// Gradient rule: Attention. The backward recomputes the probabilities from the forward's
-// log-sum-exp (and, with dropout, its seed), so only Q, K, V (or packed, X and its bias), Y and
-// LSE are stashed. A float mask that wants a gradient (a learned position bias) gets the score
-// gradients, reduced to its shape.
+// Gradient rule: Attention. Q, K, V (or packed, X and its bias), Y and LSE are stashed, and the
+// probabilities P (output 3), which the forward keeps only for short sequences: otherwise P is
+// empty and the backward recomputes them from the log-sum-exp (and, with dropout, its seed). A
+// float mask that wants a gradient (a learned position bias) gets the score gradients, reduced to
+// its shape.
 #include "graphtrain/autodiff.h"
 #include "graphtrain/ops.h"
 
@@ -21,7 +22,7 @@ const bool registered = [] {
                                c.output(0),      c.output(1), c.input(3)};
     ins.push_back(n.attr_float("dropout", 0.0f) > 0 ? c.output(2) : nullptr);
     ins.push_back(bias);
-    while (!ins.empty() && !ins.back()) ins.pop_back();
+    ins.push_back(c.output(3));  // P
     bool bias_grad = bias && c.wants(4);
     std::vector<Value*> g =
         c.op_n("AttentionGrad", ins, 4, n.attributes, kGraphtrainDomain,

@@ -68,12 +68,15 @@ void attention(InferenceContext& ctx) {
       attention_shapes(ctx, ctx.input_shape(0), ctx.input_shape(1), ctx.input_shape(2));
   ctx.set_output(0, dtype, s ? std::optional<SymShape>(s->y) : std::nullopt);
   ctx.set_output(1, DType::kFloat32, s ? std::optional<SymShape>(s->rows) : std::nullopt);
+  // The probabilities kept for the backward (training): a 1-D tensor whose size the kernel
+  // chooses (empty for long sequences).
+  if (ctx.num_outputs() > 3) ctx.set_output(3, DType::kFloat32, std::nullopt);
 }
 
 const bool registered = [] {
   register_shape_inferer(GT, "Attention", attention);
-  // AttentionGrad(dY, Q, K, V, ...) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk]); packed: (dX, -, -,
-  // dMask).
+  // AttentionGrad(dY, Q, K, V, ..., P?) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk]); packed: (dX, -,
+  // -, dMask).
   register_shape_inferer(GT, "AttentionGrad", [](InferenceContext& ctx) {
     for (size_t i = 0; i < 3; ++i) infer_like_input(ctx, i, i + 1);
     if (ctx.num_outputs() < 4) return;

@@ -18,9 +18,14 @@
 // every key a row of it may see, transposed: one column of 16 rows per key (S^T = K Q^T), so a
 // row's max and sum are lane-wise operations down the columns (vec_attention_softmax_t), with no
 // per-row reduction or call, and the T x T probabilities never exist. The backward recomputes the
-// probabilities from LSE (the log-sum-exp of each row's scores) in the same transposed tiles. A
-// fully masked row gives zeros, as torch does. Dropout masks come from a counter-based generator
-// keyed by `seed` and the element's (batch, head, row, column), so the backward regenerates them.
+// probabilities from LSE (the log-sum-exp of each row's scores) in the same transposed tiles,
+// unless the forward kept them: for short sequences (kMaxKeptScores scores a head or fewer) a
+// training forward writes each tile's probabilities to its output 3, P (a tile of kTileQ rows and
+// Lk columns per (batch, head, tile); only the visible columns are written or read), and the
+// backward reads them there instead of recomputing S = Q K^T and the exponentials. Longer ones
+// keep P empty: its memory would grow with L^2. A fully masked row gives zeros, as torch does.
+// Dropout masks come from a counter-based generator keyed by `seed` and the element's (batch, head,
+// row, column), so the backward regenerates them.
 //
 // Each tile computes only the keys up to the last one a row of it may see (causal, or a mask
 // whose trailing keys are masked out for these rows: a causal or padding mask), so a causal
@@ -31,6 +36,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
@@ -44,6 +53,9 @@ namespace {
 constexpr int64_t kBlockQ = 64;                 // query rows of a forward task
 constexpr int64_t kTileQ = kAttentionTileRows;  // query rows of one tile of scores
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// The forward keeps the probabilities for the backward when a head's padded tiles hold at most
+// this many scores (sequences up to 128: 64 KiB a head).
+constexpr int64_t kMaxKeptScores = 128 * 128;
 
 inline bool keep(uint64_t key, uint64_t index, float p) {
   return uniform(key, index) >= p;
@@ -69,6 +81,22 @@ void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
     for (; c + 8 <= cols; c += 8) vec::store(row + c, zero);
     for (; c < cols; ++c) row[c] = zero[0];
   }
+}
+
+// Copies n floats (a multiple of 8, both ends 32-byte aligned) with non-temporal stores: the kept
+// probabilities are read by the backward, long after the cache has moved on, so writing them
+// around the cache saves reading each line before it is written.
+void stream_copy(float* dst, const float* src, int64_t n) {
+#if defined(__AVX__)
+  for (int64_t i = 0; i < n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+#endif
+}
+void stream_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
 }
 
 // t[c * ld + j] += bias[c] for c < rows, j < cols: the bias of a transposed block (keys or values
@@ -113,6 +141,14 @@ struct Geometry {
   int64_t lq_pad = 0;
 
   int64_t group() const { return hq / hk; }
+  // The kept probabilities (Attention's output 3): their size, 0 where the sequence is too long,
+  // and the offset of the tile of query rows from q0 of batch b, head h.
+  int64_t kept_scores() const {
+    return lq_pad * lk <= kMaxKeptScores ? batch * hq * lq_pad * lk : 0;
+  }
+  int64_t kept_tile(int64_t b, int64_t h, int64_t q0) const {
+    return ((b * hq + h) * lq_pad + q0) * lk;
+  }
   // Keys a query row may see: all, or (causal) up to its own position.
   int64_t key_end(int64_t row_end) const { return causal ? std::min(lk, row_end) : lk; }
 
@@ -326,6 +362,11 @@ class AttentionKernel : public OpKernel {
     Tensor& lse = ctx.allocate_output(1, F32, g.rows);
     if (ctx.output_requested(2))
       ctx.set_output(2, Tensor::scalar_int64(static_cast<int64_t>(g.key)));
+    float* kept = nullptr;  // the probabilities kept for the backward (training), or null
+    if (ctx.output_requested(3)) {
+      Tensor& pt = ctx.allocate_output(3, F32, {g.kept_scores()});
+      if (pt.numel() > 0) kept = pt.data<float>();
+    }
     const float* pq = q.data<float>();
     const float* pk = k.data<float>();
     const float* pv = v.data<float>();
@@ -378,6 +419,8 @@ class AttentionKernel : public OpKernel {
           const float* mcols = g.tile_mask(b, h, q0 + r0, nr, cols, mask_scratch.data(), ld_mask);
           vec_attention_softmax_t(st.data(), cols, nr, mcols, ld_mask, g.causal ? q0 + r0 : -1,
                                   lp + q0 + r0);
+          if (kept)  // before dropout: the backward regenerates its mask
+            stream_copy(kept + g.kept_tile(b, h, q0 + r0), st.data(), cols * kTileQ);
           if (g.dropout > 0)
             for (int64_t c = 0; c < cols; ++c)
               for (int64_t r = 0; r < nr; ++r) {
@@ -389,6 +432,7 @@ class AttentionKernel : public OpKernel {
                          g.oy.row);
         }
       }
+      if (kept) stream_fence();  // the streamed stores are visible before the task ends
     });
   }
 
@@ -397,10 +441,11 @@ class AttentionKernel : public OpKernel {
   uint64_t calls_ = 0;
 };
 
-// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?) -> (dQ, dK, dV, dMask?); packed: (dY, X, -, -,
-// Y, ..., qkv bias?) -> (dX, -, -, dMask?), the bias at input 8. One task per (batch, key/value
-// head): it owns dK and dV of that head and dQ of the query heads reading it, so no two tasks write
-// one element and every sum runs in a fixed order.
+// AttentionGrad(dY, Q, K, V, Y, LSE, mask?, seed?, -, P?) -> (dQ, dK, dV, dMask?); packed: (dY, X,
+// -, -, Y, ..., qkv bias?, P?) -> (dX, -, -, dMask?), the bias at input 8. P (input 9): the
+// probabilities the forward kept (its output 3); absent or empty, they are recomputed. One task per
+// (batch, key/value head): it owns dK and dV of that head and dQ of the query heads reading it, so
+// no two tasks write one element and every sum runs in a fixed order.
 void attention_grad(KernelContext& ctx) {
   bool packed = ctx.node().attr_int("packed", 0) != 0;
   const Tensor& dy = ctx.input(0);
@@ -412,6 +457,14 @@ void attention_grad(KernelContext& ctx) {
   const Tensor* mask = ctx.has_input(6) ? &ctx.input(6) : nullptr;
   Geometry g = geometry(ctx, q, k, v, mask, ctx.has_input(8) ? &ctx.input(8) : nullptr);
   g.key = ctx.has_input(7) ? static_cast<uint64_t>(ctx.input(7).to_int64_vector()[0]) : 0;
+  const float* kept = nullptr;
+  if (ctx.has_input(9) && ctx.input(9).numel() > 0) {
+    const Tensor& p = ctx.input(9);
+    if (p.numel() != g.kept_scores())
+      ctx.fail(str_cat("P (input 9) must hold the ", g.kept_scores(),
+                       " probabilities Attention kept for these shapes, got ", p.describe()));
+    kept = p.data<float>();
+  }
   Tensor& dq = ctx.allocate_output(0, F32, q.shape());
   Tensor& dk = packed ? dq : ctx.allocate_output(1, F32, k.shape());
   Tensor& dv = packed ? dq : ctx.allocate_output(2, F32, v.shape());
@@ -470,7 +523,7 @@ void attention_grad(KernelContext& ctx) {
               qrows = qb.data();
               ldq_in = g.e;
             }
-            transpose_matrix(qrows, g.lq, g.e, ldq_in, qt.data(), g.lq_pad);
+            if (!kept) transpose_matrix(qrows, g.lq, g.e, ldq_in, qt.data(), g.lq_pad);
             const float* dyp = pdy + g.oy.at(b, h);
             const float* yp = py + g.oy.at(b, h);
             const float* lp = pl + (b * g.hq + h) * g.lq;
@@ -482,14 +535,17 @@ void attention_grad(KernelContext& ctx) {
                 zero_rows(dqp + q0 * ldq, nr, g.e, ldq);
                 continue;
               }
-              // P^T = exp(S^T - LSE), 0 where hidden.
-              vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk_in, 1, qt.data() + q0, g.lq_pad,
-                             false, pt.data(), kTileQ);
-              std::fill(lse16, lse16 + kR, 0.0f);
-              std::copy(lp + q0, lp + q0 + nr, lse16);
-              int64_t ld_mask = 0;
-              const float* mcols = g.tile_mask(b, h, q0, nr, cols, mask_scratch.data(), ld_mask);
-              vec_attention_exp_t(pt.data(), cols, nr, mcols, ld_mask, g.causal ? q0 : -1, lse16);
+              // P^T: as the forward kept it, or exp(S^T - LSE), 0 where hidden.
+              const float* p = kept ? kept + g.kept_tile(b, h, q0) : pt.data();
+              if (!kept) {
+                vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk_in, 1, qt.data() + q0,
+                               g.lq_pad, false, pt.data(), kTileQ);
+                std::fill(lse16, lse16 + kR, 0.0f);
+                std::copy(lp + q0, lp + q0 + nr, lse16);
+                int64_t ld_mask = 0;
+                const float* mcols = g.tile_mask(b, h, q0, nr, cols, mask_scratch.data(), ld_mask);
+                vec_attention_exp_t(pt.data(), cols, nr, mcols, ld_mask, g.causal ? q0 : -1, lse16);
+              }
               // dY and Y of the tile, transposed (padding rows zero), and D = rowsum(dY * Y).
               if (nr < kTileQ) {
                 std::fill(dyt.begin(), dyt.end(), 0.0f);
@@ -506,22 +562,22 @@ void attention_grad(KernelContext& ctx) {
               // dP^T = V dY^T.
               vec_small_gemm(cols, kTileQ, g.ev, 1.0f, vrows, ldv_in, 1, dyt.data(), kTileQ, false,
                              dpt.data(), kTileQ);
-              const float* p_used = pt.data();  // the probabilities dV takes
+              const float* p_used = p;  // the probabilities dV takes
               if (g.dropout > 0) {
                 // dV takes the dropped probabilities; dP reaches P through the same mask.
                 for (int64_t c = 0; c < cols; ++c)
                   for (int64_t r = 0; r < kTileQ; ++r) {
                     size_t i = static_cast<size_t>(c * kTileQ + r);
-                    bool kept = r < nr && keep(g.key, g.element(b, h, q0 + r, c), g.dropout);
-                    pdrop[i] = kept ? pt[i] * drop_scale : 0.0f;
-                    dpt[i] *= kept ? drop_scale : 0.0f;
+                    bool keeps = r < nr && keep(g.key, g.element(b, h, q0 + r, c), g.dropout);
+                    pdrop[i] = keeps ? p[i] * drop_scale : 0.0f;
+                    dpt[i] *= keeps ? drop_scale : 0.0f;
                   }
                 p_used = pdrop.data();
               }
               // dV += P^T dY.
               vec_small_gemm(cols, g.ev, nr, 1.0f, p_used, kTileQ, 1, dyp + q0 * ldy, ldy, true,
                              dvp, ldv);
-              vec_attention_grad_t(pt.data(), dpt.data(), cols, d);  // dS^T = P^T * (dP^T - D)
+              vec_attention_grad_t(p, dpt.data(), cols, d);  // dS^T = P^T * (dP^T - D)
               if (pdm)
                 for (int64_t r = 0; r < nr; ++r)
                   for (int64_t c = 0; c < cols; ++c)
