@@ -54,16 +54,7 @@ class _Runner:
         label: str,
     ) -> None:
         self.captured = captured
-        self.params = dict(module.named_parameters(remove_duplicate=False))
-        self.buffers = dict(module.named_buffers(remove_duplicate=False))
-        # DeepSpeed stage-3 parameters: the graph gets a size-0 placeholder, gathers them itself
-        # and hands their gradients to DeepSpeed (graphtrain/distributed/_deepspeed.py), so torch
-        # autograd gets none.
-        self.by_layout = {
-            k
-            for k, gi in enumerate(captured.inputs)
-            if gi.kind == "param" and _partitioned_by_deepspeed(self.params[gi.key])
-        }
+        self.bind(module)
         self._placeholders: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
         self._zeros: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.n_out = len(captured.outputs)
@@ -94,6 +85,21 @@ class _Runner:
                 graphs.update(training_forward=fwd, training_backward=bwd)
             self._save(debug, label, graphs)
         assert names == self.infer.input_names
+
+    def bind(self, module: torch.nn.Module) -> None:
+        """Takes the module's parameters and buffers as they are now: the graph reads them by name,
+        so one replaced since the capture (`module.w = nn.Parameter(...)`, load_state_dict with
+        assign=True) is the one it reads."""
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.buffers = dict(module.named_buffers(remove_duplicate=False))
+        # DeepSpeed stage-3 parameters: the graph gets a size-0 placeholder, gathers them itself
+        # and hands their gradients to DeepSpeed (graphtrain/distributed/_deepspeed.py), so torch
+        # autograd gets none.
+        self.by_layout = {
+            k
+            for k, gi in enumerate(self.captured.inputs)
+            if gi.kind == "param" and _partitioned_by_deepspeed(self.params[gi.key])
+        }
 
     @staticmethod
     def _save(debug: DebugOptions, label: str, models: dict[str, Any]) -> None:
@@ -217,6 +223,22 @@ class _EngineFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
+# Bumped whenever any module registers a parameter, buffer or submodule (torch's global registration
+# hooks), so a GraphModule walks its module's parameters only after something may have changed
+# them, not on every call.
+_registrations = 0
+
+
+def _registered(*_: Any) -> None:
+    global _registrations
+    _registrations += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
+torch.nn.modules.module.register_module_buffer_registration_hook(_registered)
+torch.nn.modules.module.register_module_module_registration_hook(_registered)
+
+
 # A GraphModule holds at most MAX_GRAPHS graphs (one per input schema and mode), and warns once
 # when it has made WARN_CAPTURES of them: usually a Python number argument that changes every call.
 MAX_GRAPHS = 8
@@ -334,6 +356,8 @@ class GraphModule(torch.nn.Module):
         self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
+        self._parameters_list: list[torch.nn.Parameter] = []
+        self._registrations = -1  # _registrations when _parameters_list was taken
         # DeepSpeed stage 3's ZeROOffloadSubscriber, found at capture
         self._zero_offload: Any = None
         opts = options()
@@ -365,10 +389,15 @@ class GraphModule(torch.nn.Module):
             self._hooks = hook_signature(self.module)
             self._hooks_generation = _subscriber.generation()
         hooks = self._hooks
+        if self._registrations != _registrations:  # a parameter or buffer may have been replaced
+            self._parameters_list = list(self.module.parameters())
+            for r in self._runners.values():
+                r.bind(self.module)
+            self._registrations = _registrations
         key = (
             schema,
             self.module.training,
-            tuple(p.requires_grad for p in self.module.parameters()),
+            tuple(p.requires_grad for p in self._parameters_list),
             hooks,
         )
         key_schema = (schema, hooks) if hooks else schema

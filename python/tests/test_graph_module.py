@@ -65,6 +65,32 @@ def test_batchnorm_buffers_are_written_back():
         np.testing.assert_allclose(c.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=bname)
 
 
+def test_parameters_and_buffers_replaced_after_the_capture_are_the_ones_trained():
+    """A parameter or buffer object replaced after the first call (attribute assignment,
+    load_state_dict(assign=True), as meta-device initialization does) is what the graph reads and
+    what gets the gradient, with no new capture."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    gm = GraphModule(net)
+    x = torch.randn(5, 4)
+    gm(x).sum().backward()
+    net[0].weight = nn.Parameter(torch.ones(3, 4))
+    y = gm(x)
+    y.sum().backward()
+    np.testing.assert_allclose(y.detach().numpy(), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert net[0].weight.grad is not None
+    new = {k: v.clone() + 1 for k, v in net.state_dict().items()}
+    net.load_state_dict(new, assign=True)
+    net.eval()  # reads the running statistics: the new buffers
+    np.testing.assert_allclose(
+        gm(x).detach().numpy(), net(x).detach().numpy(), rtol=1e-5, atol=1e-6
+    )
+    net.train()
+    gm(x).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
+    assert gm.captures == 2  # train and eval, each once
+
+
 class Nested(nn.Module):
     def __init__(self) -> None:
         super().__init__()
