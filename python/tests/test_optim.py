@@ -92,6 +92,9 @@ def test_scheduler_and_state_dict_move_between_torch_and_graphtrain():
     assert opt_mine.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] == 1e-2 * 0.25
     state = opt_mine.state_dict()
     assert set(state["state"][0]) == set(opt_ref.state_dict()["state"][0])
+    for k, st in opt_ref.state_dict()["state"].items():  # the step counts as torch keeps them
+        assert state["state"][k]["step"].dtype == st["step"].dtype == torch.float32
+        assert state["state"][k]["step"].item() == st["step"].item() == 5
     # graphtrain's state continues in torch's optimizer, and torch's in graphtrain's.
     ref2, mine2 = copy.deepcopy(mine), copy.deepcopy(ref)
     to_torch = torch.optim.AdamW(ref2.parameters(), lr=1e-2)

@@ -1,6 +1,7 @@
 // graphtrain.optim's engine side: fused AdamW and SGD steps over torch's own tensors, given as
 // data pointers (the Python side checks that each is a contiguous float32 CPU tensor and keeps
-// them alive for the call).
+// them alive for the call). AdamW's step counts are the state's 0-d float32 tensors, incremented
+// here.
 #include <nanobind/stl/vector.h>
 
 #include "bindings/bindings.h"
@@ -33,8 +34,8 @@ void bind_optim(nb::module_& m) {
       "adamw_step",
       [](const Pointers& params, const Pointers& grads, const Pointers& exp_avgs,
          const Pointers& exp_avg_sqs, const Pointers& max_exp_avg_sqs,
-         const std::vector<int64_t>& numels, const std::vector<double>& steps, double lr,
-         double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool maximize) {
+         const std::vector<int64_t>& numels, const Pointers& steps, double lr, double beta1,
+         double beta2, double eps, double weight_decay, bool amsgrad, bool maximize) {
         size_t n = params.size();
         check_sizes(n, {{"gradients", grads.size()},
                         {"exp_avg", exp_avgs.size()},
@@ -43,9 +44,12 @@ void bind_optim(nb::module_& m) {
                         {"steps", steps.size()}});
         if (amsgrad) check_sizes(n, {{"max_exp_avg_sq", max_exp_avg_sqs.size()}});
         std::vector<AdamWTensor> tensors;
-        for (size_t i = 0; i < n; ++i)
+        for (size_t i = 0; i < n; ++i) {
+          float& count = *ptr(steps, i);  // torch's float32 step count: incremented as torch does
+          count += 1.0f;
           tensors.push_back({ptr(params, i), ptr(grads, i), ptr(exp_avgs, i), ptr(exp_avg_sqs, i),
-                             amsgrad ? ptr(max_exp_avg_sqs, i) : nullptr, numels[i], steps[i]});
+                             amsgrad ? ptr(max_exp_avg_sqs, i) : nullptr, numels[i], count});
+        }
         AdamWOptions o{lr, beta1, beta2, eps, weight_decay, amsgrad, maximize};
         nb::gil_scoped_release release;
         adamw_step(ThreadPool::global(), tensors, o);

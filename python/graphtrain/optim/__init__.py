@@ -89,20 +89,16 @@ class AdamW(torch.optim.AdamW):
                 live.append((p, _grad(p, "AdamW"), state))
             if not live:
                 continue
-            # The step counts, all in two calls (a 0-d tensor op costs microseconds each).
-            counts = [state["step"] for _, _, state in live]
-            torch._foreach_add_(counts, 1.0)
-            step_values = torch.stack(counts).tolist()
             fused: list[tuple[torch.Tensor, ...]] = []
-            steps: list[float] = []
-            for (p, grad, state), step in zip(live, step_values):
-                m, v = state["exp_avg"], state["exp_avg_sq"]
+            for p, grad, state in live:
+                m, v, count = state["exp_avg"], state["exp_avg_sq"], state["step"]
                 vmax = state["max_exp_avg_sq"] if amsgrad else v
-                if _fusible(p, grad, m, v, vmax):
-                    fused.append((p, grad, m, v, vmax))
-                    steps.append(step)
+                # The fused step counts too (a 0-d tensor op costs microseconds each).
+                if _fusible(p, grad, m, v, vmax, count) and count.dim() == 0:
+                    fused.append((p, grad, m, v, vmax, count))
                 else:
-                    _torch_adamw(p, grad, m, v, vmax, step, group)
+                    count += 1
+                    _torch_adamw(p, grad, m, v, vmax, count.item(), group)
             if fused:
                 ptrs = [[t.data_ptr() for t in column] for column in zip(*fused)]
                 _C.adamw_step(
@@ -112,7 +108,7 @@ class AdamW(torch.optim.AdamW):
                     ptrs[3],
                     ptrs[4] if amsgrad else [],
                     [p.numel() for p, *_ in fused],
-                    steps,
+                    ptrs[5],
                     lr,
                     beta1,
                     beta2,
