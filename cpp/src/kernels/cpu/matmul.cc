@@ -1,7 +1,12 @@
 // CPU kernels: MatMul (numpy semantics, batched with broadcasting) and Gemm.
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
+#include "graphtrain/error.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
@@ -22,14 +27,142 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 // linear layers' shapes, slower on attention's per-head products (64 x 64 x 32), which stay on
 // OpenBLAS (bench/results/gemm.md).
 constexpr int64_t kDnnlMinWork = int64_t{1} << 20;
-// oneDNN's sgemm runs 3-15% slower with B transposed (x W^T: every linear layer's forward) than
-// on the same product with B stored [K, N] (1024 x 512 x 128: 100-106 against 110-112 GFLOP/s at
-// one thread; 256 x 256 x 1024: 97 against 112). So sgemm first copies a transposed B of at most
-// kPlainBMaxFloats to [K, N] where op(A) has enough rows to pay for the copy (gpt bench step at
-// one thread: -0.54 ms, encoder -0.59 ms; from 256 rows on, the mlp's step lost 0.87 ms).
+}  // namespace
+
+#ifdef GRAPHTRAIN_HAVE_DNNL
+namespace {
+
+// x W^T (B transposed, A not: every linear layer's forward). dnnl_sgemm runs 3-15% slower on it
+// than on the same product with B stored [K, N] (1024 x 512 x 128: 100-106 against 110-112
+// GFLOP/s at one thread; 256 x 256 x 1024: 97 against 112). Where op(A) has enough rows to pay
+// for it, sgemm copies a B of at most kPlainBMaxFloats to [K, N] first (gpt bench step at one
+// thread: -0.54 ms, encoder -0.59 ms); the rest runs on oneDNN's matmul primitive, whose brgemm
+// kernels read W^T in place at 110-114 GFLOP/s hot (the mlp bench model, 256 rows: -0.89 ms a
+// step at one thread, -0.61 at two, against dnnl_sgemm). With 1024 rows the copy still wins in
+// the step (-0.29 ms on gpt): the copy streams the cold weights once. The primitive takes its
+// scratchpad from the caller, where dnnl_sgemm allocates its packing buffers (1-2 MB) on every
+// call. One primitive per shape, made on first use (a JIT compile) and kept.
 constexpr int64_t kPlainBMinRows = 512;
 constexpr int64_t kPlainBMaxFloats = int64_t{1} << 20;
+struct MatMulPrim {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_desc_t a, b, c, scratch;
+  ~MatMulPrim() {
+    if (prim) dnnl_primitive_destroy(prim);
+  }
+};
+
+dnnl_engine_t dnnl_cpu_engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) e = nullptr;
+    return e;
+  }();
+  return engine;
+}
+
+// The primitive computing C[m, n] = alpha * A[m, k] * B^T + beta * C (B stored [n, k]), or null
+// where oneDNN has none.
+std::shared_ptr<MatMulPrim> make_matmul(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                        int64_t ldc, float alpha, float beta) {
+  dnnl_engine_t engine = dnnl_cpu_engine();
+  if (!engine) return nullptr;
+  auto p = std::make_shared<MatMulPrim>();
+  dnnl_dims_t ad = {m, k}, bd = {k, n}, cd = {m, n};
+  dnnl_dims_t as = {lda, 1}, bs = {1, ldb}, cs = {ldc, 1};
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  bool ok =
+      dnnl_memory_desc_init_by_strides(&p->a, 2, ad, dnnl_f32, as) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&p->b, 2, bd, dnnl_f32, bs) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&p->c, 2, cd, dnnl_f32, cs) == dnnl_success &&
+      dnnl_primitive_attr_create(&attr) == dnnl_success &&
+      dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+  if (ok && alpha != 1.0f)
+    ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) == dnnl_success;
+  if (ok && beta != 0.0f)
+    ok = dnnl_post_ops_create(&post) == dnnl_success &&
+         dnnl_post_ops_append_sum(post, beta) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
+  dnnl_matmul_desc_t desc;
+  if (ok) ok = dnnl_matmul_desc_init(&desc, &p->a, &p->b, nullptr, &p->c) == dnnl_success;
+  if (ok) {
+    OneOmpThread one;  // the blocking it picks is for the one thread it will run on
+    ok = dnnl_primitive_desc_create(&pd, &desc, attr, engine, nullptr) == dnnl_success &&
+         dnnl_primitive_create(&p->prim, pd) == dnnl_success;
+  }
+  if (ok) p->scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (post) dnnl_post_ops_destroy(post);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  return ok ? p : nullptr;
+}
+
+// The cached primitive for these arguments (null: none). At most kMaxPrims shapes are kept; a
+// process that makes more (sizes that change every call) starts the cache again.
+std::shared_ptr<MatMulPrim> matmul_prim(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                        int64_t ldc, float alpha, float beta) {
+  constexpr size_t kMaxPrims = 256;
+  struct Key {
+    int64_t m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    bool operator<(const Key& o) const {
+      return std::tie(m, n, k, lda, ldb, ldc, alpha, beta) <
+             std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.alpha, o.beta);
+    }
+  };
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<MatMulPrim>> cache;
+  Key key{m, n, k, lda, ldb, ldc, alpha, beta};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  std::shared_ptr<MatMulPrim> p = make_matmul(m, n, k, lda, ldb, ldc, alpha, beta);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kMaxPrims) cache.clear();
+  return cache.emplace(key, p).first->second;
+}
+
+// C = alpha * A B^T + beta * C on the matmul primitive; false (nothing written) where oneDNN has
+// none for the shape.
+bool dnnl_matmul_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  std::shared_ptr<MatMulPrim> p = matmul_prim(m, n, k, lda, ldb, ldc, alpha, beta);
+  if (!p) return false;
+  // This thread's scratchpad, kept between calls (a few tens of KiB to half a MiB).
+  thread_local std::vector<float> scratch;
+  size_t bytes = dnnl_memory_desc_get_size(&p->scratch);
+  if (scratch.size() * sizeof(float) < bytes) scratch.resize(bytes / sizeof(float) + 16);
+  thread_local dnnl_stream_t stream = [] {
+    dnnl_stream_t st = nullptr;
+    if (dnnl_stream_create(&st, dnnl_cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
+      st = nullptr;
+    return st;
+  }();
+  if (!stream) return false;
+  dnnl_engine_t engine = dnnl_cpu_engine();
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
+  bool ok = dnnl_memory_create(&ma, &p->a, engine, const_cast<float*>(a)) == dnnl_success &&
+            dnnl_memory_create(&mb, &p->b, engine, const_cast<float*>(b)) == dnnl_success &&
+            dnnl_memory_create(&mc, &p->c, engine, c) == dnnl_success &&
+            dnnl_memory_create(&ms, &p->scratch, engine, scratch.data()) == dnnl_success;
+  if (ok) {
+    dnnl_exec_arg_t args[] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+    OneOmpThread one;
+    ok = dnnl_primitive_execute(p->prim, stream, 4, args) == dnnl_success &&
+         dnnl_stream_wait(stream) == dnnl_success;
+  }
+  for (dnnl_memory_t mem : {ma, mb, mc, ms})
+    if (mem) dnnl_memory_destroy(mem);
+  if (!ok) throw Error("oneDNN's matmul failed on a " + str_cat(m, " x ", n, " x ", k) + " GEMM");
+  return true;
+}
+
 }  // namespace
+#endif
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -42,6 +175,7 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   }
 #ifdef GRAPHTRAIN_HAVE_DNNL
   if (m * n * k >= kDnnlMinWork) {
+    if (!trans_a && trans_b && dnnl_matmul_bt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
     OneOmpThread one;
     dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
                ldc);
