@@ -83,7 +83,7 @@ void zero_rows(float* p, int64_t rows, int64_t cols, int64_t ld) {
   }
 }
 
-// Copies n floats (a multiple of 8, both ends 32-byte aligned) with non-temporal stores: the kept
+// Copies n floats (a multiple of 8; dst 32-byte aligned) with non-temporal stores: the kept
 // probabilities are read by the backward, long after the cache has moved on, so writing them
 // around the cache saves reading each line before it is written.
 void stream_copy(float* dst, const float* src, int64_t n) {

@@ -1,4 +1,5 @@
 // CPU kernels: MatMul (numpy semantics, batched with broadcasting) and Gemm.
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -131,29 +132,42 @@ bool dnnl_matmul_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a
                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   std::shared_ptr<MatMulPrim> p = matmul_prim(m, n, k, lda, ldb, ldc, alpha, beta);
   if (!p) return false;
-  // This thread's scratchpad, kept between calls (a few tens of KiB to half a MiB).
-  thread_local std::vector<float> scratch;
+  // This thread's stream and scratchpad (64-byte aligned, a few tens of KiB to half a MiB), kept
+  // between calls.
+  struct PerThread {
+    dnnl_stream_t stream = nullptr;
+    void* scratch = nullptr;
+    size_t bytes = 0;
+    PerThread() {
+      if (dnnl_stream_create(&stream, dnnl_cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
+        stream = nullptr;
+    }
+    ~PerThread() {
+      if (stream) dnnl_stream_destroy(stream);
+      std::free(scratch);
+    }
+  };
+  thread_local PerThread t;
   size_t bytes = dnnl_memory_desc_get_size(&p->scratch);
-  if (scratch.size() * sizeof(float) < bytes) scratch.resize(bytes / sizeof(float) + 16);
-  thread_local dnnl_stream_t stream = [] {
-    dnnl_stream_t st = nullptr;
-    if (dnnl_stream_create(&st, dnnl_cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
-      st = nullptr;
-    return st;
-  }();
-  if (!stream) return false;
+  if (t.bytes < bytes) {
+    std::free(t.scratch);
+    t.bytes = (bytes + 63) / 64 * 64;
+    t.scratch = std::aligned_alloc(64, t.bytes);
+    if (!t.scratch) t.bytes = 0;
+  }
+  if (!t.stream || (bytes && !t.scratch)) return false;
   dnnl_engine_t engine = dnnl_cpu_engine();
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
   bool ok = dnnl_memory_create(&ma, &p->a, engine, const_cast<float*>(a)) == dnnl_success &&
             dnnl_memory_create(&mb, &p->b, engine, const_cast<float*>(b)) == dnnl_success &&
             dnnl_memory_create(&mc, &p->c, engine, c) == dnnl_success &&
-            dnnl_memory_create(&ms, &p->scratch, engine, scratch.data()) == dnnl_success;
+            dnnl_memory_create(&ms, &p->scratch, engine, t.scratch) == dnnl_success;
   if (ok) {
     dnnl_exec_arg_t args[] = {
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
     OneOmpThread one;
-    ok = dnnl_primitive_execute(p->prim, stream, 4, args) == dnnl_success &&
-         dnnl_stream_wait(stream) == dnnl_success;
+    ok = dnnl_primitive_execute(p->prim, t.stream, 4, args) == dnnl_success &&
+         dnnl_stream_wait(t.stream) == dnnl_success;
   }
   for (dnnl_memory_t mem : {ma, mb, mc, ms})
     if (mem) dnnl_memory_destroy(mem);
