@@ -65,6 +65,38 @@ TEST_F(PassesTest, IdentitiesGoExceptAGraphOutput) {
   EXPECT_EQ(run(std::move(g)), before);
 }
 
+// A backward graph where gradient input z is zero: z + a becomes a (and the Identity that only fed
+// the sum goes), z + b of a broadcast shape stays, and the graph's inputs stay; results match.
+TEST_F(PassesTest, DropZeroGradientsDropsSumsWithAZeroGradient) {
+  Graph g;
+  g.opset_imports[""] = 18;
+  SymShape s{SymDim(2), SymDim(3)};
+  Value* z = g.add_input("z", {DType::kFloat32, s});
+  Value* a = g.add_input("a", {DType::kFloat32, s});
+  Value* b = g.add_input("b", {DType::kFloat32, SymShape{SymDim(3)}});
+  Value* za = g.add_op("Identity", {z});
+  Value* sum = g.add_op("Add", {za, g.add_op("Exp", {a})});
+  g.add_output(g.add_op("Mul", {sum, a}));
+  g.add_output(g.add_op("Add", {b, z}));
+  infer_shapes(g);
+  Tensor zeros = Tensor::from_vector(DType::kFloat32, {2, 3}, std::vector<float>(6, 0.0f));
+  Tensor av = Tensor::from_vector(DType::kFloat32, {2, 3},
+                                  std::vector<float>{0.1f, -0.2f, 0.3f, 0.4f, 0.5f, 0.6f});
+  Tensor bv = Tensor::from_vector(DType::kFloat32, {3}, std::vector<float>{1.0f, 2.0f, 3.0f});
+  std::vector<Tensor> before = Session(clone_graph(g)).run({zeros, av, bv});
+  EXPECT_EQ(drop_zero_gradients(g, {"z"}), 1u);
+  EXPECT_EQ(count(g, "Add"), 1u);
+  EXPECT_EQ(count(g, "Identity"), 0u);
+  EXPECT_EQ(g.inputs().size(), 3u);
+  std::vector<Tensor> after = Session(std::move(g)).run({zeros, av, bv});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t o = 0; o < before.size(); ++o) {
+    ASSERT_EQ(after[o].shape(), before[o].shape());
+    for (int64_t i = 0; i < before[o].numel(); ++i)
+      EXPECT_EQ(after[o].data<float>()[i], before[o].data<float>()[i]) << o << " " << i;
+  }
+}
+
 TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
   Graph g = chain();
   Value* x = g.get("x");

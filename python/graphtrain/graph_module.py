@@ -69,8 +69,14 @@ class _Runner:
         grad_outputs = [o for o, f in zip(captured.outputs, captured.output_float) if f]
         self.float_outputs = [k for k, f in enumerate(captured.output_float) if f]
         self.forward = self.backward = None
+        self.label = label
         if self.wrt and grad_outputs:
             fwd, bwd, info = model.gradient_graphs(grad_outputs, self.wrt, False)
+            # Before its passes: the source of the backward graphs for calls where some outputs
+            # get no gradient (backward_session).
+            self._backward_source = bwd.copy()
+            self._grad_inputs = info["grad_inputs"]
+            self._backwards: dict[tuple[bool, ...], Session] = {}
             fwd.optimize(f"{label} forward")  # the graph passes, after autodiff
             bwd.optimize(f"{label} backward")
             self.forward, self.backward = Session(fwd), Session(bwd)
@@ -138,6 +144,20 @@ class _Runner:
         if t is None:
             t = self._placeholders[key] = torch.empty(0, dtype=dtype, requires_grad=requires_grad)
         return t
+
+    def backward_session(self, missing: tuple[bool, ...]) -> Session:
+        """The backward graph for a call whose float outputs `missing` got no gradient (a model's
+        logits returned beside its loss): made once per pattern, without the sums that would add
+        their zero gradients (a [tokens, vocab] Add for a language model's logits)."""
+        if not any(missing):
+            return self.backward
+        session = self._backwards.get(missing)
+        if session is None:
+            model = self._backward_source.copy()
+            model.drop_zero_gradients([n for n, m in zip(self._grad_inputs, missing) if m])
+            model.optimize(f"{self.label} backward")
+            session = self._backwards[missing] = Session(model)
+        return session
 
     def zero_gradient(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """The gradient fed for an output that got none: one zero tensor per shape, filled once.
@@ -212,8 +232,9 @@ class _EngineFunction(torch.autograd.Function):
             runner.zero_gradient(*ctx.out_meta[k]) if grads[k] is None else grads[k].contiguous()
             for k in runner.float_outputs
         ] + ([ctx.stash] if ctx.stash is not None else [])
+        session = runner.backward_session(tuple(grads[k] is None for k in runner.float_outputs))
         with recording(ctx.run):
-            results = iter(_run(runner.backward, feeds))
+            results = iter(_run(session, feeds))
         ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):

@@ -192,6 +192,12 @@ def test_outputs_left_without_gradient_get_zeros_no_gradient_aliases():
                 assert q.grad is None or not q.grad.any(), name
             else:
                 torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+    # One backward graph per pattern of outputs without a gradient; in each, the zero gradient of
+    # the logits is not added to the loss's gradient of them.
+    runner = next(iter(gm._runners.values()))
+    assert len(runner._backwards) == 3
+    logits_grad = runner._grad_inputs[1]
+    assert runner._backward_source.copy().drop_zero_gradients([logits_grad]) == 1
 
 
 def test_no_grad_and_eval_use_separate_graphs():

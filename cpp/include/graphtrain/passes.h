@@ -86,6 +86,11 @@ size_t fuse_layer_norm(Graph& graph);
 // over the data); returns how many fused nodes were made.
 size_t fuse_elementwise(Graph& graph);
 
+// The backward graph for a call where the gradient inputs `zero_inputs` are zero (outputs torch
+// passes no gradient for): a zero added to a value of the sum's shape is dropped, then what reads
+// nothing. The inputs stay. Not a pipeline pass; returns how many sums were dropped.
+size_t drop_zero_gradients(Graph& graph, const std::vector<std::string>& zero_inputs);
+
 // A copy of `graph` (values, nodes, attributes, types, initializers share tensor storage).
 Graph clone_graph(const Graph& graph);
 

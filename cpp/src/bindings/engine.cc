@@ -445,6 +445,17 @@ void bind_engine(nb::module_& m) {
           "GRAPHTRAIN_DISABLE_PASSES); with before_autodiff, those that run on a captured graph "
           "before its gradient graphs are built. Returns [(pass, rewrites)] for the passes that "
           "ran.")
+      .def(
+          "copy", [](const Model& self) { return Model{clone_graph(self.graph)}; },
+          "A copy of the graph (initializers share their tensors).")
+      .def(
+          "drop_zero_gradients",
+          [](Model& self, const std::vector<std::string>& zero_inputs) {
+            return drop_zero_gradients(self.graph, zero_inputs);
+          },
+          nb::arg("zero_inputs"),
+          "In a backward graph, drops the sums that add these gradient inputs, known to be zero, "
+          "to another value; returns how many.")
       .def("to_bytes", [](const Model& self) {
         std::string s = serialize_onnx(self.graph);
         return nb::bytes(s.data(), s.size());
