@@ -486,10 +486,10 @@ void attention_grad(KernelContext& ctx) {
   parallel_for(
       ctx, g.batch * g.hk, g.group() * g.lq * g.lk * (g.e + g.ev) * 4, [&](int64_t t0, int64_t t1) {
         // One tile's P^T and dP^T (then dS^T), a column of kTileQ rows per key; dY and Y of the
-        // tile transposed; the query head's Q transposed ([e, lq_pad]).
+        // tile transposed; the query head's Q transposed ([e, lq_pad]), where P is recomputed.
         std::vector<float> pt(static_cast<size_t>(g.lk) * kR), dpt(pt.size()), pdrop;
         std::vector<float> dyt(static_cast<size_t>(g.ev) * kR), yt(dyt.size());
-        std::vector<float> qt(static_cast<size_t>(g.e * g.lq_pad)), mask_scratch;
+        std::vector<float> qt(kept ? 0 : static_cast<size_t>(g.e * g.lq_pad)), mask_scratch;
         if (g.mask && g.mask_cols.empty()) mask_scratch.resize(pt.size());
         if (g.dropout > 0) pdrop.resize(pt.size());
         alignas(64) float d[kR], lse16[kR];

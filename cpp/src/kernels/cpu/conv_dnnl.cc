@@ -12,16 +12,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cpu/dnnl_threads.h"
+#include "kernels/cpu/dnnl_common.h"
 #endif
 
 namespace graphtrain::cpu {
@@ -49,7 +47,7 @@ constexpr auto F32 = memory::data_type::f32;
 enum Kind : int64_t { kForward, kForwardBias, kBackwardData, kBackwardWeights };
 
 const dnnl::engine& engine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static const dnnl::engine e(dnnl_cpu_engine(), true);  // the process's, not owned here
   return e;
 }
 
@@ -177,27 +175,6 @@ bool prims_for(const ConvShape& s, const Split& split, Kind kind) {
   return split.extra == 0 || prim(s, split.base + 1, kind).ok;
 }
 
-// This thread's buffer `k` of at least `bytes` (64-byte aligned), grown as needed and kept for
-// the thread's life: the blocked copies and scratchpads of a conv run a few hundred KiB each, and
-// a fresh allocation that size is a fresh mapping, page faults on every call.
-void* workspace(size_t k, size_t bytes) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t bytes = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local std::array<Buffer, 4> buffers;
-  Buffer& b = buffers.at(k);
-  if (b.bytes < bytes) {
-    std::free(b.data);
-    size_t rounded = (bytes + 63) / 64 * 64;
-    b.data = std::aligned_alloc(64, rounded);
-    b.bytes = b.data ? rounded : 0;
-    if (!b.data) throw std::bad_alloc();
-  }
-  return b.data;
-}
-
 // Runs one part's primitive on user (NCHW / OIHW) buffers; inputs are reordered in, outputs out.
 class Run {
  public:
@@ -228,7 +205,7 @@ class Run {
 
  private:
   memory buffer(const memory::desc& d) {
-    return memory(d, engine(), workspace(next_buffer_++, std::max<size_t>(d.get_size(), 1)));
+    return memory(d, engine(), dnnl_workspace(next_buffer_++, std::max<size_t>(d.get_size(), 1)));
   }
   struct Pending {
     const Operand* operand;

@@ -1,5 +1,4 @@
 // CPU kernels: MatMul (numpy semantics, batched with broadcasting) and Gemm.
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -18,7 +17,7 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
 #ifdef GRAPHTRAIN_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 
-#include "kernels/cpu/dnnl_threads.h"
+#include "kernels/cpu/dnnl_common.h"
 #endif
 
 namespace graphtrain::cpu {
@@ -52,15 +51,6 @@ struct MatMulPrim {
     if (prim) dnnl_primitive_destroy(prim);
   }
 };
-
-dnnl_engine_t dnnl_cpu_engine() {
-  static dnnl_engine_t engine = [] {
-    dnnl_engine_t e = nullptr;
-    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) e = nullptr;
-    return e;
-  }();
-  return engine;
-}
 
 // The primitive computing C[m, n] = alpha * A[m, k] * B^T + beta * C (B stored [n, k]), or null
 // where oneDNN has none.
@@ -132,36 +122,26 @@ bool dnnl_matmul_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a
                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   std::shared_ptr<MatMulPrim> p = matmul_prim(m, n, k, lda, ldb, ldc, alpha, beta);
   if (!p) return false;
-  // This thread's stream and scratchpad (64-byte aligned, a few tens of KiB to half a MiB), kept
-  // between calls.
-  struct PerThread {
+  // This thread's stream, kept between calls; the scratchpad is its first oneDNN workspace.
+  struct Stream {
     dnnl_stream_t stream = nullptr;
-    void* scratch = nullptr;
-    size_t bytes = 0;
-    PerThread() {
+    Stream() {
       if (dnnl_stream_create(&stream, dnnl_cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
         stream = nullptr;
     }
-    ~PerThread() {
+    ~Stream() {
       if (stream) dnnl_stream_destroy(stream);
-      std::free(scratch);
     }
   };
-  thread_local PerThread t;
-  size_t bytes = dnnl_memory_desc_get_size(&p->scratch);
-  if (t.bytes < bytes) {
-    std::free(t.scratch);
-    t.bytes = (bytes + 63) / 64 * 64;
-    t.scratch = std::aligned_alloc(64, t.bytes);
-    if (!t.scratch) t.bytes = 0;
-  }
-  if (!t.stream || (bytes && !t.scratch)) return false;
+  thread_local Stream t;
+  if (!t.stream) return false;
+  void* scratch = dnnl_workspace(0, std::max<size_t>(dnnl_memory_desc_get_size(&p->scratch), 1));
   dnnl_engine_t engine = dnnl_cpu_engine();
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
   bool ok = dnnl_memory_create(&ma, &p->a, engine, const_cast<float*>(a)) == dnnl_success &&
             dnnl_memory_create(&mb, &p->b, engine, const_cast<float*>(b)) == dnnl_success &&
             dnnl_memory_create(&mc, &p->c, engine, c) == dnnl_success &&
-            dnnl_memory_create(&ms, &p->scratch, engine, t.scratch) == dnnl_success;
+            dnnl_memory_create(&ms, &p->scratch, engine, scratch) == dnnl_success;
   if (ok) {
     dnnl_exec_arg_t args[] = {
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
