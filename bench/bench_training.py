@@ -210,8 +210,6 @@ def main() -> int:
                 for repeat, runner in [(k, r) for k in range(args.repeats) for r in runners]:
                     if runner == "TrainingSession" and cfg.get("hf"):
                         continue
-                    if runner == "GEMM-bound limit" and repeat > 0:
-                        continue
                     env = dict(
                         os.environ,
                         GRAPHTRAIN_NUM_THREADS=str(threads),
@@ -266,7 +264,8 @@ def main() -> int:
         f"One step = forward, backward and AdamW (lr 1e-3, weight decay 0.01). Median of {iters} steps after 10 "
         "warm-up steps; each runner and thread count in its own process, run "
         f"{args.repeats} time(s) in turn with the other runners, the run with the lower median "
-        "kept (this machine's speed drifts between runs). Ratio = the runner's step time / "
+        "kept (this machine's speed drifts between runs; for the GEMM-bound limit, the run whose "
+        "sgemm probe read the highest rate). Ratio = the runner's step time / "
         "GraphModule's (> 1: GraphModule is faster). First step: seconds for the first step, capture, graph "
         "building or compilation included; first 10 steps: seconds for the first ten (a fresh model's early "
         "steps make denormal floats). 'GraphModule (cache)' starts with the export cache the cold run "
