@@ -155,6 +155,16 @@ struct Geometry {
   int64_t lq_pad = 0;
 
   int64_t group() const { return hq / hk; }
+  // Floats of batch b's Q, K and V blocks (packed: one X block holds all three), and a read of
+  // them in order (see touch).
+  int64_t qkv_floats(bool packed) const { return oq.batch + (packed ? 0 : ok.batch + ov.batch); }
+  void touch_qkv(int64_t b, const float* q, const float* k, const float* v, bool packed) const {
+    touch(q + oq.at(b, 0), oq.batch);
+    if (!packed) {
+      touch(k + ok.at(b, 0), ok.batch);
+      touch(v + ov.at(b, 0), ov.batch);
+    }
+  }
   // The kept probabilities (Attention's output 3): their size, 0 where the sequence is too long,
   // and the offset of the tile of query rows from q0 of batch b, head h.
   int64_t kept_scores() const {
@@ -389,8 +399,7 @@ class AttentionKernel : public OpKernel {
     int64_t qblocks = (g.lq + kBlockQ - 1) / kBlockQ;
     float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
     int64_t tasks = g.batch * g.hq * qblocks;
-    const bool touch_batch =
-        (g.oq.batch + (packed ? 0 : g.ok.batch + g.ov.batch)) * 4 <= kTouchBytes;
+    const bool touch_batch = g.qkv_floats(packed) * 4 <= kTouchBytes;
     parallel_for(ctx, tasks, kBlockQ * g.lk * (g.e + g.ev), [&](int64_t t0, int64_t t1) {
       // A tile's scores, transposed (one column of kTileQ rows per key), and the block's queries,
       // transposed ([e, kBlockQ]).
@@ -404,13 +413,8 @@ class AttentionKernel : public OpKernel {
         int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb_index = t % qblocks;
         int64_t q0 = qb_index * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
         int64_t hk = h / g.group();
-        if (touch_batch && (t == t0 || (h == 0 && qb_index == 0))) {  // batch b's first task
-          touch(pq + g.oq.at(b, 0), g.oq.batch);
-          if (!packed) {
-            touch(pk + g.ok.at(b, 0), g.ok.batch);
-            touch(pv + g.ov.at(b, 0), g.ov.batch);
-          }
-        }
+        if (touch_batch && (t == t0 || (h == 0 && qb_index == 0)))  // batch b's first task
+          g.touch_qkv(b, pq, pk, pv, packed);
         const float* krows = pk + g.ok.at(b, hk);
         const float* vrows = pv + g.ov.at(b, hk);
         int64_t ldk = g.ok.row, ldv = g.ov.row;
@@ -504,8 +508,7 @@ void attention_grad(KernelContext& ctx) {
   const float *pdy = dy.data<float>(), *py = y.data<float>(), *pl = lse.data<float>();
   float *pdq = dq.data<float>(), *pdk = dk.data<float>(), *pdv = dv.data<float>();
   float drop_scale = g.dropout < 1.0f ? 1.0f / (1.0f - g.dropout) : 0.0f;
-  const bool touch_batch =
-      (g.oq.batch + (packed ? 0 : g.ok.batch + g.ov.batch) + 2 * g.oy.batch) * 4 <= kTouchBytes;
+  const bool touch_batch = (g.qkv_floats(packed) + 2 * g.oy.batch) * 4 <= kTouchBytes;
   const int64_t ldq = g.oq.row, ldk = g.ok.row, ldv = g.ov.row, ldy = g.oy.row;
   constexpr size_t kR = kTileQ;
   parallel_for(
@@ -526,11 +529,7 @@ void attention_grad(KernelContext& ctx) {
         for (int64_t t = t0; t < t1; ++t) {
           int64_t b = t / g.hk, hk = t % g.hk;
           if (touch_batch && (t == t0 || hk == 0)) {  // batch b's first task: its stash, cold
-            touch(pq + g.oq.at(b, 0), g.oq.batch);
-            if (!packed) {
-              touch(pk + g.ok.at(b, 0), g.ok.batch);
-              touch(pv + g.ov.at(b, 0), g.ov.batch);
-            }
+            g.touch_qkv(b, pq, pk, pv, packed);
             touch(py + g.oy.at(b, 0), g.oy.batch);
             touch(pdy + g.oy.at(b, 0), g.oy.batch);
           }
