@@ -69,6 +69,26 @@ TEST(VecDispatch, WideLoopsMatchTheScalarFormulas) {
     EXPECT_NEAR(y[i], 0.5f * e, 2e-6f * std::max(1.0f, e));
   }
   EXPECT_NEAR(sum, want, 1e-5 * want);
+
+  // Shifted by the max, as softmax does: the lanes exp_nonpositive leaves out must not matter.
+  // -inf and arguments below -87.34 give 0, a NaN stays NaN, a tiny positive argument (a
+  // log-probability rounded up) is exp's.
+  std::vector<float> z = {0.0f,   -1e-30f, 2e-7f,
+                          -87.0f, -87.5f,  -200.0f,
+                          -1e30f, -0.5f,   -std::numeric_limits<float>::infinity(),
+                          -10.0f, -3.25f,  -60.0f,
+                          -88.0f, -0.125f, -7.0f,
+                          -40.0f, -1.0f,   -2.0f,
+                          -86.9f, 1e-6f};
+  std::vector<float> e(z.size());
+  vec_exp_sum(z.data(), e.data(), static_cast<int64_t>(z.size()), 0.0f);
+  for (size_t i = 0; i < z.size(); ++i)
+    EXPECT_NEAR(e[i], vec::exp(z[i]), 2e-6f * std::max(1.0f, vec::exp(z[i]))) << "x " << z[i];
+  EXPECT_EQ(e[5], 0.0f);
+  EXPECT_EQ(e[8], 0.0f);
+  z[3] = std::numeric_limits<float>::quiet_NaN();
+  vec_exp_sum(z.data(), e.data(), static_cast<int64_t>(z.size()), 0.0f);
+  EXPECT_TRUE(std::isnan(e[3]));
 }
 
 // exp against the C library over the float range, 1 ulp or better; results that would fall

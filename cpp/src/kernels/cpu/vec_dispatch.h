@@ -22,7 +22,9 @@ enum class VecOp {
 // y[i] = op(a[i]) or op(a[i], b[i]) for i < n.
 void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 
-// y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift).
+// y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift). Every
+// x[i] - shift is at most ~88 (shift the max of x, or 0 for log-probabilities): exp's overflow
+// lanes are not computed.
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
 
 // Attention's tiles of scores, held transposed: t[c * 16 + r] is query row r's score for key c

@@ -27,8 +27,7 @@ inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
 // GELU (erf form) and its gradient on 16 lanes with AVX-512's own instructions: the formulas of
 // elementwise_math.h (erfc's A&S tail, the density from the same exponential) with two cheaper
 // steps, ~30 instructions a vector where the generic form takes ~45:
-// - e^(-x^2 / 2) needs no overflow or NaN lanes: its argument is never positive, and a NaN x
-//   reaches the result through x (below the clamp of the exponential it is 0, as exp's);
+// - e^(-x^2 / 2) is exp_nonpositive's: its argument is never positive;
 // - 1 / (1 + p |z|) is a 14-bit reciprocal estimate and one Newton step (relative error near
 //   2^-28), not a division.
 // Phi reads x clamped to [-16, 16] (NaN kept), where it is already 1 or 0 to float precision,
@@ -40,10 +39,7 @@ inline void map2(const float* a, const float* b, float* y, int64_t n, F f) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 inline __m512 exp_of_nonpositive(__m512 x) {
-  __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.3365f));
-  __m512 y = exp_reduced16(xc, exp_exponent16(xc));
-  __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(y, under, _mm512_setzero_ps());
+  return reinterpret_cast<__m512>(exp_nonpositive(reinterpret_cast<f16>(x)));
 }
 // Phi(x) given e = e^(-x^2 / 2): erfc(|x| / sqrt 2) / 2 below zero, 1 minus that above.
 inline __m512 gelu_phi(__m512 x, __m512 e) {
@@ -132,7 +128,7 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     prefetch(x + i);
-    V e = exp(load_as<V>(x + i) - shift);
+    V e = exp_nonpositive(load_as<V>(x + i) - shift);
     acc += e;
     store_as(y + i, e * scale);
   }
@@ -197,7 +193,7 @@ void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, i
   }
   for (int64_t c = 0; c < cols; ++c)
     for (int j = 0; j < T::kV; ++j) {
-      V e = exp(load_as<V>(t + c * R + j * L) - shift[j]);
+      V e = exp_nonpositive(load_as<V>(t + c * R + j * L) - shift[j]);
       sum[j] += e;
       store_as(t + c * R + j * L, e);
     }
@@ -225,7 +221,7 @@ void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64
   for (int64_t c = 0; c < cols; ++c) {
     V x[T::kV];
     T::column(t, c, rows, m, ld_m, causal_row0, x);
-    for (int j = 0; j < T::kV; ++j) store_as(t + c * R + j * L, exp(x[j] - shift[j]));
+    for (int j = 0; j < T::kV; ++j) store_as(t + c * R + j * L, exp_nonpositive(x[j] - shift[j]));
   }
 }
 
@@ -347,7 +343,7 @@ void softmax_row_in_registers(const float* x, const float* m, bool runs, float a
   if (std::isinf(mx) && mx < 0) mx = 0;  // all -inf: avoid inf - inf
   V total{};
   for (int k = 0; k < K; ++k) {
-    z[k] = exp(z[k] - mx);
+    z[k] = exp_nonpositive(z[k] - mx);
     total += z[k];
   }
   const float inv = 1.0f / lanes_sum(total);

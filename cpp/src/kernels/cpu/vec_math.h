@@ -126,6 +126,12 @@ template <typename F>
 inline F exp(F x) {
   return exp_impl<F, typename IntVec<F>::type>(x);
 }
+// exp of arguments at most ~88 (x - max, x - log-sum-exp: softmax, attention, cross-entropy;
+// -x^2 / 2): the same results as exp, with fewer instructions where it has its own 16-lane form.
+template <typename F>
+inline F exp_nonpositive(F x) {
+  return exp(x);
+}
 
 #if defined(__AVX512F__)
 // exp on 16 lanes with AVX-512's own instructions, where the translation unit is compiled for it:
@@ -163,6 +169,17 @@ inline f16 exp(f16 v) {
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(x_min), _CMP_LT_OQ),
                          _mm512_setzero_ps());
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  // nan stays nan
+  return reinterpret_cast<f16>(y);
+}
+// exp's 16 lanes without the lanes an argument at most x_max never needs: no overflow to
+// infinity, no cap on 2^n, and no NaN lane, since a NaN passes through max (its second operand)
+// and the arithmetic after it: 14 instructions, not 19.
+inline f16 exp_nonpositive(f16 v) {
+  const __m512 x = reinterpret_cast<__m512>(v);
+  const __m512 x_min = _mm512_set1_ps(-87.3365f);
+  __m512 xc = _mm512_max_ps(x_min, x);
+  __m512 y = exp_reduced16(xc, exp_exponent16(xc));
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x_min, _CMP_LT_OQ), _mm512_setzero_ps());
   return reinterpret_cast<f16>(y);
 }
 #pragma GCC diagnostic pop
