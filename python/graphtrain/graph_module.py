@@ -54,8 +54,8 @@ class _Runner:
         label: str,
     ) -> None:
         self.captured = captured
-        self.bind(module)
         self._placeholders: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
+        self.bind(module)
         self._zeros: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
         self.n_out = len(captured.outputs)
         model = Model.from_bytes(captured.model)
@@ -106,6 +106,23 @@ class _Runner:
             for k, gi in enumerate(self.captured.inputs)
             if gi.kind == "param" and _partitioned_by_deepspeed(self.params[gi.key])
         }
+        # The graph's inputs as bound now: parameters and buffers resolved, a None for each of the
+        # call's tensors (`_from_call`: its slot and its index among them), filled by tensors().
+        self._bound: list[Any] = []
+        self._from_call: list[tuple[int, int]] = []
+        for k, gi in enumerate(self.captured.inputs):
+            if gi.kind == "param":
+                p = self.params[gi.key]
+                if k in self.by_layout:
+                    # Never the parameter itself: torch would run its gradient hooks (DeepSpeed's)
+                    # even for the None gradient it gets.
+                    p = self._placeholder(p.dtype, p.requires_grad)
+                self._bound.append(p)
+            elif gi.kind == "buffer":
+                self._bound.append(self.buffers[gi.key])
+            else:
+                self._from_call.append((k, gi.key))
+                self._bound.append(None)
 
     @staticmethod
     def _save(debug: DebugOptions, label: str, models: dict[str, Any]) -> None:
@@ -123,19 +140,10 @@ class _Runner:
         return static is None or all(list(t.shape) == s for t, s in zip(flat_tensors, static))
 
     def tensors(self, flat_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = []
-        for k, gi in enumerate(self.captured.inputs):
-            if gi.kind == "param":
-                p = self.params[gi.key]
-                if k in self.by_layout:
-                    # Never the parameter itself: torch would run its gradient hooks (DeepSpeed's)
-                    # even for the None gradient it gets.
-                    p = self._placeholder(p.dtype, p.requires_grad)
-                out.append(p)
-            elif gi.kind == "buffer":
-                out.append(self.buffers[gi.key])
-            else:
-                out.append(flat_tensors[gi.key])
+        """The graph's inputs for a call's tensors: parameters, buffers and the call's tensors."""
+        out = self._bound.copy()
+        for k, key in self._from_call:
+            out[k] = flat_tensors[key]
         return out
 
     def _placeholder(self, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
@@ -179,6 +187,8 @@ class _Runner:
         return grad
 
     def write_buffers(self, updates: list[torch.Tensor]) -> None:
+        if not updates:
+            return
         with torch.no_grad():
             for (_, name), value in zip(self.captured.buffer_updates, updates):
                 self.buffers[name].copy_(value)
@@ -259,6 +269,9 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 torch.nn.modules.module.register_module_buffer_registration_hook(_registered)
 torch.nn.modules.module.register_module_module_registration_hook(_registered)
 
+
+# Argument types that pytree takes as leaves whatever is registered: _flatten's fast path.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 # A GraphModule holds at most MAX_GRAPHS graphs (one per input schema and mode), and warns once
 # when it has made WARN_CAPTURES of them: usually a Python number argument that changes every call.
@@ -377,6 +390,7 @@ class GraphModule(torch.nn.Module):
         self._graphs_made = 0  # captures and cache loads
         self._hooks: tuple[str, ...] = ()
         self._hooks_generation = -1
+        self._flat_specs: dict[tuple[int, tuple[str, ...]], Any] = {}  # see _flatten
         self._parameters_list: list[torch.nn.Parameter] = []
         self._registrations = -1  # _registrations when _parameters_list was taken
         # DeepSpeed stage 3's ZeROOffloadSubscriber, found at capture
@@ -404,7 +418,7 @@ class GraphModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._eager or self._disabled:
             return self.module(*args, **kwargs)
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = self._flatten(args, kwargs)
         schema = (spec, tuple(_describe(x) for x in flat))
         if self._hooks_generation != _subscriber.generation():  # not a module walk every call
             self._hooks = hook_signature(self.module)
@@ -475,6 +489,22 @@ class GraphModule(torch.nn.Module):
             for x in runner.captured.out_leaves
         ]
         return pytree.tree_unflatten(leaves, runner.captured.out_spec)
+
+    def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+        """pytree.tree_flatten((args, kwargs)). A call whose arguments are all plain tensors
+        (positional, or keyword in the same order) reuses the spec of the first such call: the
+        pytree walk costs ~0.05 ms a call."""
+        shape = (len(args), tuple(kwargs))
+        spec = self._flat_specs.get(shape)
+        flat = [*args, *kwargs.values()]
+        if spec is not None and all(type(x) in _PLAIN_TENSORS for x in flat):
+            return flat, spec
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if len(leaves) == len(flat) and all(
+            a is b and type(a) in _PLAIN_TENSORS for a, b in zip(leaves, flat)
+        ):
+            self._flat_specs[shape] = spec
+        return leaves, spec
 
     def _keep(self, key: Any, runner: _Runner, args: Any, kwargs: Any) -> None:
         """Holds the new graph, dropping the least recently used beyond MAX_GRAPHS; the first time

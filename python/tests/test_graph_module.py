@@ -134,6 +134,40 @@ def test_nested_inputs_kwargs_and_outputs():
     assert gm.captures == 4
 
 
+class Asymmetric(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, a, b=None, c=None):
+        out = self.lin(a) - 2 * b
+        return out if c is None else out * c
+
+
+def test_tensor_arguments_keep_their_places_across_call_forms():
+    """Calls of plain tensors reuse the first such call's flattening (GraphModule._flatten):
+    positional and keyword forms, keywords in either order, and mixed calls each reach the
+    right graph inputs."""
+    torch.manual_seed(0)
+    ref = Asymmetric()
+    gm = GraphModule(copy.deepcopy(ref))
+    x, y, z = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    calls = [
+        ((x, y), {}),
+        ((x,), {"b": y}),
+        ((), {"b": y, "a": x}),
+        ((), {"a": x, "b": y}),
+        ((x, y), {}),
+        ((x,), {"b": y, "c": z}),
+        ((x,), {"c": z, "b": y}),
+        ((x, y, z), {}),
+        ((y, x), {}),
+        ((x,), {"b": y, "c": None}),
+    ]
+    for args, kwargs in calls * 2:
+        torch.testing.assert_close(gm(*args, **kwargs), ref(*args, **kwargs))
+
+
 def test_inputs_that_require_grad_and_loss_outside_the_module():
     torch.manual_seed(1)
     ref = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
