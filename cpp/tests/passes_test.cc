@@ -325,6 +325,26 @@ TEST_F(PassesTest, FuseElementwiseMakesOneLoopOfBiasAndGelu) {
   expect_near(run_all(std::move(g), {{3, 4, 6}, {6}}), before, 1e-6f);
 }
 
+// A bias add and the erf GELU (a Linear layer's activation): the program runs them as one pass
+// over the data (vec_add_apply), which must write both the sum, an output here, and the GELU, with
+// the same values as the two kernels: widths with a 16-lane tail, and one over a block (512).
+TEST_F(PassesTest, FusedBiasGeluMatchesItsKernelsBitForBit) {
+  for (int64_t c : {37, 600, 16}) {
+    Graph g = new_graph("bias_gelu_erf");
+    Value* x =
+        g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(3), SymDim(c)}});
+    Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(c)}});
+    Value* h = g.add_op("Add", {x, bias});
+    g.add_output(g.add_op("Gelu", {h}));
+    g.add_output(h);
+    auto before = run_all(clone_graph(g), {{2, 3, c}, {c}});
+    EXPECT_EQ(fuse_elementwise(g), 1u);
+    EXPECT_EQ(g.num_nodes(), 1u);
+    SCOPED_TRACE(c);
+    expect_near(run_all(std::move(g), {{2, 3, c}, {c}}), before, 0.0f);
+  }
+}
+
 TEST_F(PassesTest, FuseElementwiseKeepsScopesAndNamesOfOutputs) {
   Graph g = new_graph("scoped");
   Value* x = g.add_input("x", {DType::kFloat32, kBTC});

@@ -105,6 +105,9 @@ struct Instr {
   Code code;
   int a, b, c;
   float exponent = 0;  // kPow: the constant exponent
+  // An Add whose sum the next instruction, a GELU, reads: both run at that GELU as one pass
+  // (vec_add_apply), which writes the sum's register too.
+  bool with_next = false;
 };
 
 class FusedElementwise : public OpKernel {
@@ -140,6 +143,9 @@ class FusedElementwise : public OpKernel {
         in.exponent = constants_[static_cast<size_t>(in.b - n_inputs_)];
       }
       program_.push_back(in);
+      Instr* prev = k > 0 ? &program_[k - 1] : nullptr;
+      if (prev && prev->code == Code::kAdd && in.code == Code::kGelu && in.a == self - 1)
+        prev->with_next = true;
     }
     for (int64_t r : outputs_)
       if (r < 0 || r >= n_regs) fail(str_cat("output register ", r));
@@ -206,6 +212,13 @@ class FusedElementwise : public OpKernel {
         for (size_t k = 0; k < program_.size(); ++k) {
           const Instr& in = program_[k];
           float* d = dst[static_cast<size_t>(n_inputs_ + n_const) + k];
+          if (in.with_next) {
+            vec_add_apply(VecOp::kGelu, reg[static_cast<size_t>(in.a)],
+                          reg[static_cast<size_t>(in.b)], d,
+                          dst[static_cast<size_t>(n_inputs_ + n_const) + k + 1], n);
+            ++k;
+            continue;
+          }
           run(in, reg[static_cast<size_t>(in.a)],
               in.b >= 0 ? reg[static_cast<size_t>(in.b)] : nullptr,
               in.c >= 0 ? reg[static_cast<size_t>(in.c)] : nullptr, d, n);

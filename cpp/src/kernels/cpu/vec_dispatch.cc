@@ -7,6 +7,7 @@ namespace graphtrain::cpu {
 #if defined(__x86_64__)
 namespace avx512 {  // vec_dispatch_avx512.cc
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
+void add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse);
@@ -37,6 +38,13 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
   if (vec_uses_avx512()) return avx512::apply(op, a, b, y, n);
 #endif
   vec::apply<vec::f8>(op, a, b, y, n);
+}
+
+void vec_add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::add_apply(op, a, b, sum, y, n);
+#endif
+  vec::add_apply<vec::f8>(op, a, b, sum, y, n);
 }
 
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {

@@ -22,6 +22,10 @@ enum class VecOp {
 // y[i] = op(a[i]) or op(a[i], b[i]) for i < n.
 void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 
+// sum[i] = a[i] + b[i] and y[i] = op(sum[i]) for i < n (op takes one input): what an Add and then
+// op compute, the GELU of a bias add in one pass over the data.
+void vec_add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n);
+
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift). Every
 // x[i] - shift is at most ~88 (shift the max of x, or 0 for log-probabilities): exp's overflow
 // lanes are not computed.

@@ -10,6 +10,10 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
   vec::apply<vec::f16>(op, a, b, y, n);
 }
 
+void add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n) {
+  vec::add_apply<vec::f16>(op, a, b, sum, y, n);
+}
+
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }

@@ -76,11 +76,29 @@ inline void map16(const float* a, const float* b, float* y, int64_t n, F f) {
     _mm512_mask_storeu_ps(y + i, m, f(va, vb));
   }
 }
+inline __m512 gelu16_of(__m512 v) {
+  __m512 c = gelu_clamp(v);
+  return _mm512_mul_ps(v, gelu_phi(c, exp_of_nonpositive(half_x_squared_neg(c))));
+}
 inline void gelu16(const float* x, float* y, int64_t n) {
-  map16(x, nullptr, y, n, [](__m512 v, __m512) {
-    __m512 c = gelu_clamp(v);
-    return _mm512_mul_ps(v, gelu_phi(c, exp_of_nonpositive(half_x_squared_neg(c))));
-  });
+  map16(x, nullptr, y, n, [](__m512 v, __m512) { return gelu16_of(v); });
+}
+// s = a + b, y = GELU(s): the tail, too, through the same instructions.
+inline void add_gelu16(const float* a, const float* b, float* s, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    prefetch(a + i);
+    prefetch(b + i);
+    __m512 v = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    _mm512_storeu_ps(s + i, v);
+    _mm512_storeu_ps(y + i, gelu16_of(v));
+  }
+  if (i < n) {
+    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+    _mm512_mask_storeu_ps(s + i, m, v);
+    _mm512_mask_storeu_ps(y + i, m, gelu16_of(v));
+  }
 }
 inline void gelu_grad16(const float* g, const float* x, float* y, int64_t n) {
   map16(g, x, y, n, [](__m512 dy, __m512 v) {
@@ -119,6 +137,17 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
     case VecOp::kGeluTanhGrad:
       return map2<V>(a, b, y, n, math::gelu_tanh_grad);
   }
+}
+
+template <typename V>
+void add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if (op == VecOp::kGelu) return add_gelu16(a, b, sum, y, n);
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];
+  apply<V>(op, sum, nullptr, y, n);
 }
 
 template <typename V>
