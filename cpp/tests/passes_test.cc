@@ -110,10 +110,10 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "recognize_attention",
-                                             "fuse_loss_gradient", "identities", "constant_folding",
-                                             "dead_code", "fold_transposes", "fuse_softmax",
-                                             "fuse_layer_norm", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "recognize_gelu", "recognize_attention", "fuse_loss_gradient", "identities",
+                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
+                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
   ASSERT_EQ(before.size(), 3u);
@@ -123,19 +123,20 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 7u);
+  ASSERT_EQ(ran.size(), 8u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
   EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
   EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
   EXPECT_EQ(ran[3], (std::pair<std::string, size_t>{"fold_transposes", 0}));
   EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_softmax", 0}));
   EXPECT_EQ(ran[5], (std::pair<std::string, size_t>{"fuse_layer_norm", 0}));
-  EXPECT_EQ(ran[6], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
+  EXPECT_EQ(ran[6], (std::pair<std::string, size_t>{"gelu_grad_from_output", 0}));
+  EXPECT_EQ(ran[7], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
   Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 5u);
+  ASSERT_EQ(ran.size(), 6u);
   EXPECT_EQ(ran[0].first, "identities");
   EXPECT_EQ(ran[1].first, "constant_folding");
   EXPECT_EQ(ran[2].first, "fold_transposes");
@@ -237,7 +238,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, fuse_loss_gradient, "
                        "identities, "
                        "constant_folding, dead_code, "
-                       "fold_transposes, fuse_softmax, fuse_layer_norm, fuse_elementwise, "
+                       "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, "
+                       "fuse_elementwise, "
                        "memory_plan"),
               std::string::npos);
   }
@@ -328,6 +330,43 @@ TEST_F(PassesTest, FuseElementwiseMakesOneLoopOfBiasAndGelu) {
 // A bias add and the erf GELU (a Linear layer's activation): the program runs them as one pass
 // over the data (vec_add_apply), which must write both the sum, an output here, and the GELU, with
 // the same values as the two kernels: widths with a 16-lane tail, and one over a block (512).
+// GeluGrad(dY, X) whose GELU output is at hand reads it (Phi = Y / X): in one graph, the Gelu of
+// X (both forms, widths with a 16-lane tail); a backward graph's input of that name; not a value
+// of another shape, nor a name that is missing.
+TEST_F(PassesTest, GeluGradFromOutputReadsTheGeluOutput) {
+  for (const std::string approximate : {"none", "tanh"})
+    for (int64_t c : {37, 16}) {
+      Graph g = new_graph("gelu_grad");
+      SymShape shape = {SymDim::symbol("b"), SymDim(3), SymDim(c)};
+      Value* dy = g.add_input("dy", {DType::kFloat32, shape});
+      Value* x = g.add_input("x", {DType::kFloat32, shape});
+      std::map<std::string, Attribute> attrs = {{"approximate", Attribute::of(approximate)}};
+      Value* y = g.add_op("Gelu", {x}, attrs);
+      attrs["forward_output"] = Attribute::of(y->name());
+      g.add_output(g.add_op("GeluGrad", {dy, x}, attrs, GT));
+      g.add_output(y);
+      auto before = run_all(clone_graph(g), {{2, 3, c}, {2, 3, c}});
+      EXPECT_EQ(gelu_grad_from_output(g), 1u);
+      Node* grad = g.outputs()[0]->producer();
+      ASSERT_EQ(grad->inputs().size(), 3u);
+      EXPECT_EQ(grad->input(2), y);
+      SCOPED_TRACE(approximate + " " + std::to_string(c));
+      expect_near(run_all(std::move(g), {{2, 3, c}, {2, 3, c}}), before, 2e-6f);
+    }
+  Graph g = new_graph("backward");
+  Value* dy = g.add_input("dy", {DType::kFloat32, kBTC});
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* y = g.add_input("gelu_7", {DType::kFloat32, kBTC});
+  g.add_input("other", {DType::kFloat32, SymShape{SymDim(4), SymDim(6)}});
+  for (const char* name : {"gelu_7", "other", "missing"})
+    g.add_output(
+        g.add_op("GeluGrad", {dy, x}, {{"forward_output", Attribute::of(std::string(name))}}, GT));
+  EXPECT_EQ(gelu_grad_from_output(g), 1u);
+  EXPECT_EQ(g.outputs()[0]->producer()->input(2), y);
+  EXPECT_EQ(g.outputs()[1]->producer()->inputs().size(), 2u);
+  EXPECT_EQ(g.outputs()[2]->producer()->inputs().size(), 2u);
+}
+
 TEST_F(PassesTest, FusedBiasGeluMatchesItsKernelsBitForBit) {
   for (int64_t c : {37, 600, 16}) {
     Graph g = new_graph("bias_gelu_erf");

@@ -70,6 +70,35 @@ TEST(VecDispatch, WideLoopsMatchTheScalarFormulas) {
   }
   EXPECT_NEAR(sum, want, 1e-5 * want);
 
+  // GeluGrad from the GELU's output: the scalar twin on every lane, and the gradient from X alone
+  // within float rounding (0, a tiny X, infinities and NaN included).
+  for (bool tanh : {false, true}) {
+    std::vector<float> y(a.size()), d(a.size()), d_x(a.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      y[i] = tanh ? math::gelu_tanh(a[i]) : math::gelu_erf(a[i]);
+    std::vector<float> x = a;
+    x[11] = 0.0f;
+    x[12] = 1e-25f;
+    y[11] = 0.0f;
+    y[12] = 5e-26f;
+    const int64_t n = static_cast<int64_t>(x.size());
+    vec_gelu_grad_from_output(tanh, b.data(), x.data(), y.data(), d.data(), n);
+    vec_apply(tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad, b.data(), x.data(), d_x.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      float twin = tanh ? math::gelu_tanh_grad_from_output(b[i], x[i], y[i])
+                        : math::gelu_erf_grad_from_output(b[i], x[i], y[i]);
+      if (std::isnan(twin)) {
+        EXPECT_TRUE(std::isnan(d[i])) << i;
+        continue;
+      }
+      EXPECT_NEAR(d[i], twin, 1e-6f * std::max(1.0f, std::fabs(twin)))
+          << "tanh " << tanh << " x " << x[i];
+      EXPECT_NEAR(d[i], d_x[i], 2e-6f * std::max(1.0f, std::fabs(b[i])))
+          << "tanh " << tanh << " x " << x[i];
+    }
+    EXPECT_EQ(d[11], 0.5f * b[11]);
+  }
+
   // Shifted by the max, as softmax does: the lanes exp_nonpositive leaves out must not matter.
   // -inf and arguments below -87.34 give 0, a NaN stays NaN, a tiny positive argument (a
   // log-probability rounded up) is exp's.

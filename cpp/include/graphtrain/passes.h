@@ -82,6 +82,10 @@ size_t fuse_softmax(Graph& graph);
 // one LayerNormalizationGrad with that gradient as input 5. Returns how many were fused.
 size_t fuse_layer_norm(Graph& graph);
 
+// A GeluGrad(dY, X) whose forward GELU output (attribute forward_output) is a graph input of the
+// same shape takes it as input 2 (Phi = Y / X); returns how many did.
+size_t gelu_grad_from_output(Graph& graph);
+
 // Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
 // over the data); returns how many fused nodes were made.
 size_t fuse_elementwise(Graph& graph);

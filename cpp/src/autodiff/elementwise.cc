@@ -83,9 +83,12 @@ const bool registered = [] {
     c.set_grad(0, c.op("TanhGrad", {c.output_grad(0), c.output(0)}, {}, GT));
   });
   register_gradient("", "Gelu", [](Ctx& c) {
-    c.set_grad(
-        0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
-                {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))}}, GT));
+    // forward_output: the GELU's output by name, not as an input (which would stash it), for
+    // gelu_grad_from_output where the backward reads it anyway.
+    c.set_grad(0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
+                       {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))},
+                        {"forward_output", Attribute::of(c.node().output(0)->name())}},
+                       GT));
   });
   register_gradient("", "Cos", [](Ctx& c) {
     c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Sin", {c.input(0)})})}));

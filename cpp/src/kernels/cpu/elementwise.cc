@@ -480,7 +480,20 @@ const bool registered = [] {
       GT, "GeluGrad", {F32},
       [](KernelContext& ctx) {
         bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
-        apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
+        if (!ctx.has_input(2))
+          return apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
+        // (dY, X, Y = GELU(X)): gelu_grad_from_output.
+        const Tensor& dy = ctx.input(0);
+        if (ctx.input(1).shape() != dy.shape() || ctx.input(2).shape() != dy.shape())
+          ctx.fail("inputs must have the same shape");
+        Tensor& out = ctx.allocate_output(0, F32, dy.shape());
+        const float* pg = dy.data<float>();
+        const float* px = ctx.input(1).data<float>();
+        const float* py = ctx.input(2).data<float>();
+        float* po = out.data<float>();
+        parallel_for(ctx, dy.numel(), 3, [&](int64_t lo, int64_t hi) {
+          vec_gelu_grad_from_output(tanh, pg + lo, px + lo, py + lo, po + lo, hi - lo);
+        });
       },
       0, either);
   return true;

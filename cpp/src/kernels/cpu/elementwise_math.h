@@ -45,6 +45,20 @@ inline constexpr auto gelu_tanh_grad = [](auto g, auto x) {
   return g * (s + x * s * (1.0f - s) * (2.0f * kGeluTanhK) * (1.0f + 3.0f * kGeluTanhC * x2));
 };
 
+// The gradients from the forward's output y too (pass gelu_grad_from_output): GELU(x) = x Phi(x),
+// so Phi(x), or the tanh form's sigmoid, is y / x (1/2 where |x| < 1e-20, 0 included).
+inline constexpr auto gelu_ratio = [](auto x, auto y) {
+  auto ax = x < 0.0f ? -x : x;
+  return ax < 1e-20f ? decltype(x){} + 0.5f : y / x;
+};
+inline constexpr auto gelu_erf_grad_from_output = [](auto g, auto x, auto y) {
+  return g * (gelu_ratio(x, y) + x * vec::exp(-0.5f * x * x) * 0.39894228040143268f);
+};
+inline constexpr auto gelu_tanh_grad_from_output = [](auto g, auto x, auto y) {
+  auto s = gelu_ratio(x, y);
+  return g * (s + x * s * (1.0f - s) * (2.0f * kGeluTanhK) * (1.0f + 3.0f * kGeluTanhC * (x * x)));
+};
+
 // x ** p for a constant exponent: the exponents models use are exact products or roots, as in
 // torch (x*x for 2, x*x*x for 3, sqrt for 0.5, 1/x for -1, ...); std::pow otherwise.
 inline float pow_scalar(float x, float p) {

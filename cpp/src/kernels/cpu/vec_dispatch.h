@@ -26,6 +26,11 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 // op compute, the GELU of a bias add in one pass over the data.
 void vec_add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n);
 
+// out[i] = GeluGrad(dy[i], x[i]) from the forward's output y[i] = GELU(x[i]) as well (erf form, or
+// tanh with `tanh`): math::gelu_*_grad_from_output.
+void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y,
+                               float* out, int64_t n);
+
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift). Every
 // x[i] - shift is at most ~88 (shift the max of x, or 0 for log-probabilities): exp's overflow
 // lanes are not computed.

@@ -14,6 +14,11 @@ void add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, i
   vec::add_apply<vec::f16>(op, a, b, sum, y, n);
 }
 
+void gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y, float* out,
+                           int64_t n) {
+  vec::gelu_grad_from_output<vec::f16>(tanh, dy, x, y, out, n);
+}
+
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }

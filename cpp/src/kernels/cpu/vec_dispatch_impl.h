@@ -108,8 +108,60 @@ inline void gelu_grad16(const float* g, const float* x, float* y, int64_t n) {
     return _mm512_mul_ps(dy, _mm512_add_ps(gelu_phi(c, e), density));
   });
 }
+// GeluGrad from x and y = GELU(x): gelu_grad16's density, Phi = y / x.
+inline __m512 gelu_grad_from_output16_of(__m512 dy, __m512 v, __m512 y) {
+  __m512 c = gelu_clamp(v);
+  __m512 e = exp_of_nonpositive(half_x_squared_neg(c));
+  __m512 density = _mm512_mul_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f));
+  __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_abs_ps(v), _mm512_set1_ps(1e-20f), _CMP_LT_OQ);
+  __m512 ratio = _mm512_mask_mov_ps(_mm512_div_ps(y, v), tiny, _mm512_set1_ps(0.5f));
+  return _mm512_mul_ps(dy, _mm512_add_ps(ratio, density));
+}
+inline void gelu_grad_from_output16(const float* g, const float* x, const float* y, float* o,
+                                    int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    prefetch(g + i);
+    prefetch(x + i);
+    prefetch(y + i);
+    _mm512_storeu_ps(o + i,
+                     gelu_grad_from_output16_of(_mm512_loadu_ps(g + i), _mm512_loadu_ps(x + i),
+                                                _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(
+        o + i, m,
+        gelu_grad_from_output16_of(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, x + i),
+                                   _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
 #pragma GCC diagnostic pop
 #endif
+
+template <typename V>
+void gelu_grad_from_output(bool tanh, const float* g, const float* x, const float* y, float* o,
+                           int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if (!tanh) return gelu_grad_from_output16(g, x, y, o, n);
+  }
+#endif
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  auto run = [&](auto f) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      prefetch(g + i);
+      prefetch(x + i);
+      store_as(o + i, f(load_as<V>(g + i), load_as<V>(x + i), load_as<V>(y + i)));
+    }
+    for (; i < n; ++i) o[i] = f(g[i], x[i], y[i]);
+  };
+  if (tanh)
+    run(math::gelu_tanh_grad_from_output);
+  else
+    run(math::gelu_erf_grad_from_output);
+}
 
 template <typename V>
 void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
