@@ -1,6 +1,6 @@
 """Training step speed and memory, same model, same data, same threads:
-- graphtrain.GraphModule (the PyTorch module wrapped; torch.optim.AdamW), first step cold and with
-  the export cache warm;
+- graphtrain.GraphModule (the PyTorch module wrapped; graphtrain.optim.AdamW, the fused drop-in
+  for torch.optim.AdamW), first step cold and with the export cache warm;
 - graphtrain's TrainingSession on the model's ONNX export (forward, backward, AdamW all in C++);
 - PyTorch eager and torch.compile (forward, backward, torch.optim.AdamW).
 Each (runner, model, threads) runs in its own process; peak memory is the RSS high-water mark minus
