@@ -96,26 +96,22 @@ class _Runner:
         """Takes the module's parameters and buffers as they are now: the graph reads them by name,
         so one replaced since the capture (`module.w = nn.Parameter(...)`, load_state_dict with
         assign=True) is the one it reads."""
-        self.params = dict(module.named_parameters(remove_duplicate=False))
+        params = dict(module.named_parameters(remove_duplicate=False))
         self.buffers = dict(module.named_buffers(remove_duplicate=False))
-        # DeepSpeed stage-3 parameters: the graph gets a size-0 placeholder, gathers them itself
-        # and hands their gradients to DeepSpeed (graphtrain/distributed/_deepspeed.py), so torch
-        # autograd gets none.
-        self.by_layout = {
-            k
-            for k, gi in enumerate(self.captured.inputs)
-            if gi.kind == "param" and _partitioned_by_deepspeed(self.params[gi.key])
-        }
         # The graph's inputs as bound now: parameters and buffers resolved, a None for each of the
         # call's tensors (`_from_call`: its slot and its index among them), filled by tensors().
+        # DeepSpeed stage-3 parameters (`by_layout`): the graph gets a size-0 placeholder, gathers
+        # them itself and hands their gradients to DeepSpeed (graphtrain/distributed/_deepspeed.py),
+        # so torch autograd gets none; never the parameter itself, or torch would run its gradient
+        # hooks (DeepSpeed's) even for the None gradient it gets.
+        self.by_layout: set[int] = set()
         self._bound: list[Any] = []
         self._from_call: list[tuple[int, int]] = []
         for k, gi in enumerate(self.captured.inputs):
             if gi.kind == "param":
-                p = self.params[gi.key]
-                if k in self.by_layout:
-                    # Never the parameter itself: torch would run its gradient hooks (DeepSpeed's)
-                    # even for the None gradient it gets.
+                p = params[gi.key]
+                if _partitioned_by_deepspeed(p):
+                    self.by_layout.add(k)
                     p = self._placeholder(p.dtype, p.requires_grad)
                 self._bound.append(p)
             elif gi.kind == "buffer":
