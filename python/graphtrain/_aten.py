@@ -811,6 +811,77 @@ def _layer_norm(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("LayerNormalization", inputs, axis=-len(shape), epsilon=float(eps))
 
 
+# Regression losses: the elementwise formula and a reduction, which fuse_elementwise fuses; autodiff
+# differentiates them as torch does (sign(0) = 0 for L1, the quadratic branch below beta / delta).
+def _difference_loss(n: torch.fx.Node, t: Translator, pointwise: Callable[[str, str], str]) -> str:
+    """Reduces pointwise(x - y, |x - y|) as aten's `reduction` argument (2) says."""
+    x, y = n.args[0], n.args[1]
+    if not val(n).dtype.is_floating_point:
+        t.unsupported(n, "a regression loss on integer tensors")
+    d = t.emit("Sub", t.promoted(x, y, val(n).dtype))
+    loss = pointwise(d, t.emit("Abs", [d]))
+    reduction = n.args[2] if len(n.args) > 2 else n.kwargs.get("reduction", 1)
+    if reduction == 0:  # none
+        return loss
+    return t.emit("ReduceMean" if reduction == 1 else "ReduceSum", [loss], keepdims=0)
+
+
+def _quadratic_below(n: torch.fx.Node, t: Translator, limit: float, scale: float) -> Callable:
+    """0.5 d^2 / limit where |d| < limit, else |d| - 0.5 limit, both times `scale`."""
+
+    def pointwise(d: str, a: str) -> str:
+        if limit == 0:
+            return t.emit("Mul", [a, t.scalar(scale, n)]) if scale != 1 else a
+        near = t.emit("Mul", [t.emit("Mul", [d, d]), t.scalar(0.5 * scale / limit, n)])
+        far = t.emit("Sub", [a, t.scalar(0.5 * limit, n)])
+        if scale != 1:
+            far = t.emit("Mul", [far, t.scalar(scale, n)])
+        return t.emit("Where", [t.emit("Less", [a, t.scalar(limit, n)]), near, far])
+
+    return pointwise
+
+
+@op(aten.mse_loss.default)
+def _mse_loss(n: torch.fx.Node, t: Translator) -> str:
+    return _difference_loss(n, t, lambda d, a: t.emit("Mul", [d, d]))
+
+
+@op(aten.l1_loss.default)
+def _l1_loss(n: torch.fx.Node, t: Translator) -> str:
+    return _difference_loss(n, t, lambda d, a: a)
+
+
+@op(aten.smooth_l1_loss.default)
+def _smooth_l1_loss(n: torch.fx.Node, t: Translator) -> str:
+    beta = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("beta", 1.0))
+    return _difference_loss(n, t, _quadratic_below(n, t, beta, 1.0))
+
+
+@op(aten.huber_loss.default)
+def _huber_loss(n: torch.fx.Node, t: Translator) -> str:
+    # delta (|d| - delta / 2) = delta * smooth_l1 with beta = delta; 0.5 d^2 below delta.
+    delta = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("delta", 1.0))
+    return _difference_loss(n, t, _quadratic_below(n, t, delta, delta))
+
+
+@op(aten.broadcast_tensors.default)
+def _broadcast_tensors(n: torch.fx.Node, t: Translator) -> list[str]:
+    xs = list(n.args[0])
+    out = []
+    for i, (x, v) in enumerate(zip(xs, val(n))):
+        name = t.value(x)
+        if tuple(val(x).shape) == tuple(v.shape):
+            out.append(name)
+        elif all(isinstance(s, int) for s in v.shape):
+            out.append(t.emit("Expand", [name, t.ints(list(v.shape))]))
+        else:  # Expand broadcasts both ways: against every other tensor's shape in turn
+            for j, other in enumerate(xs):
+                if j != i:
+                    name = t.emit("Expand", [name, t.emit("Shape", [t.value(other)])])
+            out.append(name)
+    return out
+
+
 @op(aten.cross_entropy_loss.default)
 def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
     args = list(n.args) + [None] * 6

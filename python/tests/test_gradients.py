@@ -280,6 +280,24 @@ CASES = [
         {"keepdims": 0},
         const=("axes",),
     ),
+    # ReduceGrad's fast paths: reduced axes trailing (each dY element fills a run), all of them (a
+    # mean loss), leading (dY is dX's repeated row)
+    Case(
+        "ReduceMean",
+        {"x": randn(3, 4, 5), "axes": np.array([1, 2], np.int64)},
+        ["x"],
+        lambda x, axes: x.mean((1, 2)),
+        {"keepdims": 0},
+        const=("axes",),
+    ),
+    Case("ReduceMean", {"x": randn(3, 4, 5)}, ["x"], lambda x: x.mean(), {"keepdims": 0}),
+    Case(
+        "ReduceSum",
+        {"x": randn(3, 4, 5), "axes": np.array([0, -2], np.int64)},
+        ["x"],
+        lambda x, axes: x.sum((0, 1), keepdim=True),
+        const=("axes",),
+    ),
     Case(
         "ReduceMax",
         {"x": randn(3, 4, 5), "axes": np.array([2], np.int64)},

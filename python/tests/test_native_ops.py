@@ -85,6 +85,20 @@ CASES = {
     "index2": (_index2, ("rows", "cols")),
     "embedding_padding_idx": (_embedding, ("ids",)),
     "and_or": (_and, ()),
+    "mse_loss": (lambda x, y: F.mse_loss(x, y, reduction="none") + F.mse_loss(x, y), ("target",)),
+    "l1_smooth_l1_huber": (
+        lambda x, y: (
+            F.l1_loss(x, y, reduction="sum")
+            + F.smooth_l1_loss(x, y, beta=0.5, reduction="none")
+            + F.smooth_l1_loss(x, y, beta=0.0)
+            + F.huber_loss(x, y, delta=0.7)
+        ),
+        ("target",),
+    ),
+    "broadcast_tensors": (
+        lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
+        ("row",),
+    ),
 }
 
 EXTRA = {
@@ -93,6 +107,9 @@ EXTRA = {
     "rows": lambda b: torch.tensor([0, 1, 1]),
     "cols": lambda b: torch.tensor([1, 0, 1]),
     "ids": lambda b: torch.tensor([[0, 1, 2], [1, 1, 0]]),
+    # |x - target| on both sides of smooth_l1's beta and huber's delta
+    "target": lambda b: torch.linspace(-2.0, 2.0, b * 6).reshape(b, 6),
+    "row": lambda b: torch.tensor([[0.5, -1.0, 2.0, 0.1, 0.3, -0.7]]),
 }
 
 

@@ -1,5 +1,6 @@
 // CPU kernels: ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes; ReduceGrad and
 // SumToShape.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -179,12 +180,38 @@ void reduce_grad(KernelContext& ctx) {
   if (st != dy.numel())
     ctx.fail(str_cat("gradient of ", dy.numel(), " elements does not match ", xs));
   float scale = mean && count ? 1.0f / static_cast<float>(count) : 1.0f;
+  // The reduced axes trailing (a mean over everything, or over each row) or leading (a sum over
+  // the batch): each dY element fills a run of dX, or dY is dX's repeated row; else a strided copy.
+  size_t lead = 0, trail = xs.size();
+  while (lead < xs.size() && reduced[lead]) ++lead;
+  while (trail > 0 && reduced[trail - 1]) --trail;
+  bool suffix = std::find(reduced.begin(), reduced.begin() + static_cast<int64_t>(trail), true) ==
+                reduced.begin() + static_cast<int64_t>(trail);
+  bool prefix =
+      std::find(reduced.begin() + static_cast<int64_t>(lead), reduced.end(), true) == reduced.end();
+  const float* g = dy.data<float>();
+  float* p = dx.data<float>();
+  if (suffix && count > 0) {  // dx[i * count + j] = g[i] * scale
+    parallel_for(ctx, dx.numel(), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t at = lo; at < hi;) {
+        int64_t i = at / count, end = std::min(hi, (i + 1) * count);
+        std::fill(p + at, p + end, g[i] * scale);
+        at = end;
+      }
+    });
+    return;
+  }
+  if (prefix && st > 0) {  // dx[j * st + i] = g[i] * scale
+    parallel_for(ctx, count, st, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j)
+        for (int64_t i = 0; i < st; ++i) p[j * st + i] = g[i] * scale;
+    });
+    return;
+  }
   Tensor tmp = dy;
   copy_strided(ctx, tmp, xs, strides, 0, dx);
-  if (scale != 1.0f) {
-    float* p = dx.data<float>();
+  if (scale != 1.0f)
     for (int64_t i = 0; i < dx.numel(); ++i) p[i] *= scale;
-  }
 }
 
 // CumSum(x, axis) with ONNX's exclusive and reverse attributes; sums in index order along the axis.
