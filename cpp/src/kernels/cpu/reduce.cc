@@ -180,13 +180,15 @@ void reduce_grad(KernelContext& ctx) {
   float scale = mean && count ? 1.0f / static_cast<float>(count) : 1.0f;
   // The reduced axes trailing (a mean over everything, or over each row) or leading (a sum over
   // the batch): each dY element fills a run of dX, or dY is dX's repeated row; else a strided copy.
+  auto none_reduced = [&](size_t from, size_t to) {
+    return std::find(reduced.begin() + static_cast<int64_t>(from),
+                     reduced.begin() + static_cast<int64_t>(to),
+                     true) == reduced.begin() + static_cast<int64_t>(to);
+  };
   size_t lead = 0, trail = xs.size();
   while (lead < xs.size() && reduced[lead]) ++lead;
   while (trail > 0 && reduced[trail - 1]) --trail;
-  bool suffix = std::find(reduced.begin(), reduced.begin() + static_cast<int64_t>(trail), true) ==
-                reduced.begin() + static_cast<int64_t>(trail);
-  bool prefix =
-      std::find(reduced.begin() + static_cast<int64_t>(lead), reduced.end(), true) == reduced.end();
+  bool suffix = none_reduced(0, trail), prefix = none_reduced(lead, xs.size());
   const float* g = dy.data<float>();
   float* p = dx.data<float>();
   if (suffix && count > 0) {  // dx[i * count + j] = g[i] * scale
