@@ -367,6 +367,58 @@ TEST_F(PassesTest, GeluGradFromOutputReadsTheGeluOutput) {
   EXPECT_EQ(g.outputs()[2]->producer()->inputs().size(), 2u);
 }
 
+// A backward graph that reads a view of the GELU output (transformers' Conv1D flattens it before
+// its addmm and stashes the view): GeluGrad reads it back in X's shape through a Reshape, with the
+// values of the two-input form; not a view of another element count.
+TEST_F(PassesTest, GeluGradFromOutputReadsAStashedView) {
+  const int64_t c = 37;
+  SymShape shape = {SymDim::symbol("b"), SymDim(3), SymDim(c)};
+  SymShape flat = {SymDim::symbol("b") * SymDim(3), SymDim(c)};
+  Graph g = new_graph("backward");
+  g.add_input("dy", {DType::kFloat32, shape});
+  Value* x = g.add_input("x", {DType::kFloat32, shape});
+  Value* view = g.add_input("flat_9", {DType::kFloat32, flat});
+  g.add_input("other_view", {DType::kFloat32, SymShape{SymDim(4), SymDim(c)}});
+  for (const char* name : {"flat_9", "other_view"}) {
+    Node* grad = g.add_node("GeluGrad", {g.inputs()[0], x}, {g.unique_name("dx")}, GT, "grad");
+    grad->attributes = {
+        {"forward_output", Attribute::of(std::string("gelu_3"))},
+        {"forward_output_views", Attribute::of(std::vector<std::string>{"missing", name})}};
+    grad->scope = "mlp";
+    g.add_output(grad->output(0));
+  }
+  // Inputs: dY and X as run_all makes them, the view holding GELU(X) flattened.
+  Shape bx = {2, 3, c};
+  Tensor dy = Tensor::empty(DType::kFloat32, bx), xt = Tensor::empty(DType::kFloat32, bx);
+  for (int64_t k = 0; k < xt.numel(); ++k) {
+    dy.data<float>()[k] = static_cast<float>((k * 37 % 97)) / 24.0f - 2.0f;
+    xt.data<float>()[k] = static_cast<float>(((k * 37 + 11) % 97)) / 24.0f - 2.0f;
+  }
+  Graph gelu = new_graph("gelu");
+  gelu.add_output(gelu.add_op("Gelu", {gelu.add_input("x", {DType::kFloat32, shape})}));
+  Tensor y = Session(std::move(gelu)).run({xt})[0].view({6, c});
+  Tensor other = Tensor::empty(DType::kFloat32, {4, c});
+  auto run = [&](Graph graph) { return Session(std::move(graph)).run({dy, xt, y, other}); };
+  std::vector<Tensor> before = run(clone_graph(g));
+
+  EXPECT_EQ(gelu_grad_from_output(g), 1u);
+  Node* grad = g.outputs()[0]->producer();
+  ASSERT_EQ(grad->inputs().size(), 3u);
+  Node* reshape = grad->input(2)->producer();
+  ASSERT_NE(reshape, nullptr);
+  EXPECT_EQ(reshape->op_type, "Reshape");
+  EXPECT_EQ(reshape->input(0), view);
+  EXPECT_EQ(reshape->input(1)->producer()->op_type, "Shape");
+  EXPECT_EQ(reshape->scope, "mlp");
+  EXPECT_EQ(g.outputs()[1]->producer()->inputs().size(), 2u);  // 4 rows: another count
+  std::vector<Tensor> after = run(std::move(g));
+  for (size_t o = 0; o < 2; ++o)
+    for (int64_t k = 0; k < after[o].numel(); ++k)
+      EXPECT_NEAR(after[o].data<float>()[k], before[o].data<float>()[k],
+                  2e-6f * (1.0f + std::fabs(before[o].data<float>()[k])))
+          << "output " << o << " element " << k;
+}
+
 TEST_F(PassesTest, FusedBiasGeluMatchesItsKernelsBitForBit) {
   for (int64_t c : {37, 600, 16}) {
     Graph g = new_graph("bias_gelu_erf");

@@ -216,7 +216,9 @@ def test_forced_batch_norm_fallback_trains_and_updates_running_stats(monkeypatch
 def test_gpt2_gelu_runs_as_one_op(tmp_path):
     """transformers' NewGELUActivation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in
     elementary ops, becomes one Gelu before autodiff (recognize_gelu): no Tanh in the graphs, one
-    GeluGrad per layer backward, and the gradients still match eager (test above)."""
+    GeluGrad per layer backward, and the gradients still match eager (test above). Each GeluGrad
+    reads the GELU's output (gelu_grad_from_output) through the view Conv1D stashes for c_proj's
+    weight gradient."""
     gm = GraphModule(
         build("gpt2"),
         graphtrain.DebugOptions(save_onnx=True, onnx_prefix="g", save_path=str(tmp_path)),
@@ -235,3 +237,6 @@ def test_gpt2_gelu_runs_as_one_op(tmp_path):
     assert "Tanh" not in forward and "TanhGrad" not in backward
     assert forward.count("Gelu") + forward.count("GeluTanh") == layers
     assert backward.count("GeluGrad") + backward.count("GeluTanhGrad") == layers
+    graph = onnx.load(tmp_path / "g_train_training_backward.onnx").graph
+    grads = [n for n in graph.node if n.op_type == "GeluGrad"]
+    assert len(grads) == layers and all(len(n.input) == 3 for n in grads)

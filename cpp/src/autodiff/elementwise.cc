@@ -83,12 +83,21 @@ const bool registered = [] {
     c.set_grad(0, c.op("TanhGrad", {c.output_grad(0), c.output(0)}, {}, GT));
   });
   register_gradient("", "Gelu", [](Ctx& c) {
-    // forward_output: the GELU's output by name, not as an input (which would stash it), for
-    // gelu_grad_from_output where the backward reads it anyway.
-    c.set_grad(0, c.op("GeluGrad", {c.output_grad(0), c.input(0)},
-                       {{"approximate", Attribute::of(c.node().attr_string("approximate", "none"))},
-                        {"forward_output", Attribute::of(c.node().output(0)->name())}},
-                       GT));
+    // forward_output: the GELU's output by name, not as an input (which would stash it), and
+    // forward_output_views: its Reshapes and Flattens (transformers' Conv1D flattens it before
+    // its addmm, and the view is what the backward reads), for gelu_grad_from_output where the
+    // backward reads one of them anyway.
+    Value* y = c.node().output(0);
+    std::map<std::string, Attribute> attrs = {
+        {"approximate", Attribute::of(c.node().attr_string("approximate", "none"))},
+        {"forward_output", Attribute::of(y->name())}};
+    std::vector<std::string> views;
+    for (auto [user, index] : y->uses())
+      if (index == 0 && user->domain.empty() &&
+          (user->op_type == "Reshape" || user->op_type == "Flatten") && user->output(0))
+        views.push_back(user->output(0)->name());
+    if (!views.empty()) attrs["forward_output_views"] = Attribute::of(views);
+    c.set_grad(0, c.op("GeluGrad", {c.output_grad(0), c.input(0)}, attrs, GT));
   });
   register_gradient("", "Cos", [](Ctx& c) {
     c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Sin", {c.input(0)})})}));

@@ -5,6 +5,51 @@
 #include "graphtrain/passes.h"
 
 namespace graphtrain {
+namespace {
+
+bool same_type(const Value* a, const Value* b) {
+  return a->type.dtype == b->type.dtype &&
+         (!a->type.shape || !b->type.shape || *a->type.shape == *b->type.shape);
+}
+
+// The same number of elements (a product of symbolic dims, compared as polynomials).
+bool same_count(const Value* a, const Value* b) {
+  if (a->type.dtype != b->type.dtype || !a->type.shape || !b->type.shape) return false;
+  SymDim na = 1, nb = 1;
+  for (const SymDim& d : *a->type.shape) na = na * d;
+  for (const SymDim& d : *b->type.shape) nb = nb * d;
+  return na == nb;
+}
+
+// The GELU output of GeluGrad `n` (whose input 1 is the GELU's input x) as this graph holds it,
+// or nullptr. The autodiff rule names it (forward_output) and its Reshapes / Flattens
+// (forward_output_views): a backward graph reads a stashed value as an input of the forward's
+// name; where forward and backward are one graph, the output must be the Gelu of x. A stashed
+// view is read back in x's shape through a Reshape (a view, no copy).
+Value* gelu_output(Graph& graph, Node* n) {
+  Value* x = n->input(1);
+  if (Value* y = graph.find(n->attr_string("forward_output", "")); y && !y->is_initializer()) {
+    if (const Node* p = y->producer())
+      return p->op_type == "Gelu" && p->domain.empty() && p->input(0) == x &&
+                     p->attr_string("approximate", "none") == n->attr_string("approximate", "none")
+                 ? y
+                 : nullptr;
+    return same_type(y, x) ? y : nullptr;
+  }
+  auto views = n->attributes.find("forward_output_views");
+  if (views == n->attributes.end()) return nullptr;
+  for (const std::string& name : views->second.strings) {
+    Value* v = graph.find(name);
+    if (!v || v->producer() || v->is_initializer() || !same_count(v, x)) continue;
+    Value* shape = graph.add_op("Shape", {x});
+    Value* y = graph.add_op("Reshape", {v, shape});
+    shape->producer()->scope = y->producer()->scope = n->scope;
+    return y;
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 size_t gelu_grad_from_output(Graph& graph) {
   size_t rewritten = 0;
@@ -12,20 +57,10 @@ size_t gelu_grad_from_output(Graph& graph) {
     if (n->op_type != "GeluGrad" || n->domain != kGraphtrainDomain || n->inputs().size() != 2 ||
         !n->input(0) || !n->input(1) || !n->output(0))
       continue;
-    // The autodiff rule names the forward output: a backward graph's input (the stashed values
-    // keep the forward names), or, where forward and backward are one graph, the Gelu of X.
-    Value* y = graph.find(n->attr_string("forward_output", ""));
-    Value* x = n->input(1);
-    if (!y || y->is_initializer()) continue;
-    if (const Node* p = y->producer()) {
-      if (p->op_type != "Gelu" || !p->domain.empty() || p->input(0) != x ||
-          p->attr_string("approximate", "none") != n->attr_string("approximate", "none"))
-        continue;
-    } else if (y->type.dtype != x->type.dtype ||
-               (y->type.shape && x->type.shape && *y->type.shape != *x->type.shape)) {
-      continue;
-    }
-    Node* f = graph.add_node("GeluGrad", {n->input(0), x, y}, {}, kGraphtrainDomain, n->name);
+    Value* y = gelu_output(graph, n);
+    if (!y) continue;
+    Node* f =
+        graph.add_node("GeluGrad", {n->input(0), n->input(1), y}, {}, kGraphtrainDomain, n->name);
     f->attributes = n->attributes;
     f->scope = n->scope;
     graph.move_output(n->output(0), f, 0);

@@ -42,8 +42,8 @@ const std::vector<Pass>& pass_pipeline() {
        "its gradient, run in the LayerNorm's pass",
        fuse_layer_norm},
       {"gelu_grad_from_output",
-       "a GeluGrad reads its GELU's output where the backward reads it anyway: Phi = Y / X, no "
-       "erf tail (or exponential) to evaluate",
+       "a GeluGrad reads its GELU's output (or a view of it) where the backward reads it anyway: "
+       "Phi = Y / X, no erf tail (or exponential) to evaluate",
        gelu_grad_from_output},
       {"fuse_elementwise",
        "chains of float elementwise ops of one shape run as one FusedElementwise loop",
