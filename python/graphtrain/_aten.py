@@ -819,9 +819,17 @@ def _difference_loss(n: torch.fx.Node, t: Translator, pointwise: Callable[[str, 
     if not val(n).dtype.is_floating_point:
         t.unsupported(n, "a regression loss on integer tensors")
     d = t.emit("Sub", t.promoted(x, y, val(n).dtype))
-    loss = pointwise(d, t.emit("Abs", [d]))
-    reduction = n.args[2] if len(n.args) > 2 else n.kwargs.get("reduction", 1)
-    if reduction == 0:  # none
+    return _reduced(t, pointwise(d, t.emit("Abs", [d])), _arg(n, 2, "reduction", 1))
+
+
+def _arg(n: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    """Argument `index` of an ATen call, positional or by keyword."""
+    return n.args[index] if len(n.args) > index else n.kwargs.get(name, default)
+
+
+def _reduced(t: Translator, loss: str, reduction: int) -> str:
+    """aten's loss `reduction`: 0 none, 1 the mean of every element, 2 their sum."""
+    if reduction == 0:
         return loss
     return t.emit("ReduceMean" if reduction == 1 else "ReduceSum", [loss], keepdims=0)
 
@@ -862,6 +870,182 @@ def _huber_loss(n: torch.fx.Node, t: Translator) -> str:
     # delta (|d| - delta / 2) = delta * smooth_l1 with beta = delta; 0.5 d^2 below delta.
     delta = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("delta", 1.0))
     return _difference_loss(n, t, _quadratic_below(n, t, delta, delta))
+
+
+@op(aten.nll_loss_nd.default)
+def _nll_loss(n: torch.fx.Node, t: Translator) -> str:
+    """-logp[item, target] (times the class weight), 0 for ignore_index; the mean divides by the
+    summed weights of the items not ignored, as torch does."""
+    logp, target, weight = n.args[0], n.args[1], _arg(n, 2, "weight", None)
+    if rank(logp) < 2:
+        t.unsupported(n, "nll_loss on one item (log-probabilities of rank 1)")
+    ignore = t.const(np.array(_arg(n, 4, "ignore_index", -100), np.int64))
+    kept = t.emit("Not", [t.emit("Equal", [t.value(target), ignore])])
+    safe = t.emit("Where", [kept, t.value(target), t.const(np.array(0, np.int64))])
+    picked = t.emit(
+        "GatherElements", [t.value(logp), t.emit("Unsqueeze", [safe, t.ints([1])])], axis=1
+    )
+    coef = t.emit("Cast", [kept], to=t.onnx_dtype(val(n).dtype))
+    if weight is not None:
+        coef = t.emit("Mul", [coef, t.emit("Gather", [t.value(weight), safe])])
+    loss = t.emit("Mul", [t.emit("Neg", [t.emit("Squeeze", [picked, t.ints([1])])]), coef])
+    reduction = _arg(n, 3, "reduction", 1)
+    if reduction != 1:
+        return _reduced(t, loss, reduction)
+    total = t.emit("ReduceSum", [loss], keepdims=0)
+    return t.emit("Div", [total, t.emit("ReduceSum", [coef], keepdims=0)])
+
+
+@op(aten.binary_cross_entropy_with_logits.default)
+def _bce_with_logits(n: torch.fx.Node, t: Translator) -> str:
+    """(1 - y) x + w_pos log(1 + e^-x), the log as m + log(e^-m + e^(-x-m)), m = max(-x, 0): no
+    exponential of a positive number, and the gradient is sigmoid(x) - y (m's part cancels)."""
+    x, y = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    weight, pos_weight = _arg(n, 2, "weight", None), _arg(n, 3, "pos_weight", None)
+    one = t.scalar(1.0, n)
+    neg_x = t.emit("Neg", [x])
+    m = t.emit("Relu", [neg_x])
+    exps = t.emit(
+        "Add", [t.emit("Exp", [t.emit("Neg", [m])]), t.emit("Exp", [t.emit("Sub", [neg_x, m])])]
+    )
+    log_term = t.emit("Add", [t.emit("Log", [exps]), m])
+    if pos_weight is not None:
+        pw = t.emit("Sub", [t.value(pos_weight), one])
+        log_term = t.emit("Mul", [t.emit("Add", [t.emit("Mul", [pw, y]), one]), log_term])
+    loss = t.emit("Add", [t.emit("Mul", [t.emit("Sub", [one, y]), x]), log_term])
+    if weight is not None:
+        loss = t.emit("Mul", [loss, t.value(weight)])
+    return _reduced(t, loss, _arg(n, 4, "reduction", 1))
+
+
+@op(aten.binary_cross_entropy.default)
+def _bce(n: torch.fx.Node, t: Translator) -> str:
+    """-(y log p + (1 - y) log(1 - p)), each log at least -100, as torch clamps them."""
+    p, y = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    one, floor = t.scalar(1.0, n), t.scalar(-100.0, n)
+    log_p = t.emit("Max", [t.emit("Log", [p]), floor])
+    log_q = t.emit("Max", [t.emit("Log", [t.emit("Sub", [one, p])]), floor])
+    loss = t.emit(
+        "Neg",
+        [
+            t.emit(
+                "Add", [t.emit("Mul", [y, log_p]), t.emit("Mul", [t.emit("Sub", [one, y]), log_q])]
+            )
+        ],
+    )
+    weight = _arg(n, 2, "weight", None)
+    if weight is not None:
+        loss = t.emit("Mul", [loss, t.value(weight)])
+    return _reduced(t, loss, _arg(n, 3, "reduction", 1))
+
+
+@op(aten.kl_div.default)
+def _kl_div(n: torch.fx.Node, t: Translator) -> str:
+    """target (log target - input), 0 where target is 0; log_target: e^target (target - input).
+    F.kl_div's batchmean is its sum divided by the batch, outside this op."""
+    x, y = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    if n.kwargs.get("log_target", False):
+        loss = t.emit("Mul", [t.emit("Exp", [y]), t.emit("Sub", [y, x])])
+    else:  # log of 1 where target is 0: no -inf to multiply by 0, in the loss or its gradient
+        positive = t.emit("Greater", [y, t.scalar(0.0, n)])
+        log_y = t.emit("Log", [t.emit("Where", [positive, y, t.scalar(1.0, n)])])
+        loss = t.emit("Mul", [y, t.emit("Sub", [log_y, x])])
+    return _reduced(t, loss, _arg(n, 2, "reduction", 1))
+
+
+@op(aten.logsumexp.default)
+def _logsumexp(n: torch.fx.Node, t: Translator) -> str:
+    """max + log sum exp(x - max) (an infinite max taken as 0, as torch does); the gradient is the
+    softmax, the max's part cancelling."""
+    x = t.value(n.args[0])
+    dims = n.args[1]
+    axes = t.ints([dims] if isinstance(dims, int) else list(dims))
+    keep = bool(_arg(n, 2, "keepdim", False))
+    m = t.emit("ReduceMax", [x, axes], keepdims=1)
+    infinite = t.emit("Equal", [t.emit("Abs", [m]), t.scalar(float("inf"), n.args[0])])
+    m = t.emit("Where", [infinite, t.scalar(0.0, n.args[0]), m])
+    total = t.emit("ReduceSum", [t.emit("Exp", [t.emit("Sub", [x, m])]), axes], keepdims=1)
+    out = t.emit("Add", [t.emit("Log", [total]), m])
+    return out if keep else t.emit("Squeeze", [out, axes])
+
+
+def _elu(t: Translator, n: torch.fx.Node, alpha: float, scale: float, input_scale: float) -> str:
+    """scale x above 0, scale alpha (e^(input_scale x) - 1) at or below it (torch's gradient at 0);
+    the exponential of x only where x <= 0, so the branch not taken never overflows (nor its
+    gradient)."""
+    x = t.value(n.args[0])
+    above = t.emit("Greater", [x, t.scalar(0.0, n)])
+    below = t.emit("Where", [above, t.scalar(0.0, n), x])
+    if input_scale != 1:
+        below = t.emit("Mul", [below, t.scalar(input_scale, n)])
+    neg = t.emit(
+        "Mul",
+        [t.emit("Sub", [t.emit("Exp", [below]), t.scalar(1.0, n)]), t.scalar(scale * alpha, n)],
+    )
+    pos = t.emit("Mul", [x, t.scalar(scale, n)]) if scale != 1 else x
+    return t.emit("Where", [above, pos, neg])
+
+
+@op(aten.elu.default)
+def _elu_op(n: torch.fx.Node, t: Translator) -> str:
+    alpha, scale = float(_arg(n, 1, "alpha", 1.0)), float(_arg(n, 2, "scale", 1.0))
+    return _elu(t, n, alpha, scale, float(_arg(n, 3, "input_scale", 1.0)))
+
+
+@op(aten.selu.default)
+def _selu(n: torch.fx.Node, t: Translator) -> str:
+    return _elu(t, n, 1.6732632423543772, 1.0507009873554805, 1.0)
+
+
+@op(aten.glu.default)
+def _glu(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    dim = axis(_arg(n, 1, "dim", -1), rank(x))
+    size = val(x).shape[dim]
+    if not isinstance(size, int):
+        t.unsupported(n, "glu along a dimension whose size changes between calls")
+    a, b = t.emit("Split", [t.value(x), t.ints([size // 2, size // 2])], n_out=2, axis=dim)
+    return t.emit("Mul", [a, t.emit("Sigmoid", [b])])
+
+
+@op(aten.var.dim, aten.var.correction, aten.std.dim, aten.std.correction)
+def _var(n: torch.fx.Node, t: Translator) -> str:
+    """sum (x - mean)^2 / (N - correction) over the dims (all when none), its root for std."""
+    x = n.args[0]
+    dims = _arg(n, 1, "dim", None)
+    dims = (
+        list(range(rank(x))) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+    )
+    dims = [axis(d, rank(x)) for d in dims] or list(range(rank(x)))
+    if n.target in (aten.var.dim, aten.std.dim):
+        correction = 1.0 if _arg(n, 2, "unbiased", True) else 0.0
+        keep = bool(_arg(n, 3, "keepdim", False))
+    else:
+        c = n.kwargs.get("correction")
+        correction, keep = (1.0 if c is None else float(c)), bool(n.kwargs.get("keepdim", False))
+    axes = t.ints(dims)
+    sizes = [val(x).shape[d] for d in dims]
+    if all(isinstance(s, int) for s in sizes):
+        divisor = t.scalar(max(float(np.prod(sizes)) - correction, 0.0), n)
+    else:  # the count from the shape at run time
+        shape = t.emit("Shape", [t.value(x)])
+        count = t.emit("Gather", [shape, t.const(np.array(dims[0], np.int64))])
+        for d in dims[1:]:
+            count = t.emit(
+                "Mul", [count, t.emit("Gather", [shape, t.const(np.array(d, np.int64))])]
+            )
+        count = t.emit("Cast", [count], to=t.onnx_dtype(val(n).dtype))
+        divisor = t.emit("Max", [t.emit("Sub", [count, t.scalar(correction, n)]), t.scalar(0.0, n)])
+    d = t.emit("Sub", [t.value(x), t.emit("ReduceMean", [t.value(x), axes], keepdims=1)])
+    total = t.emit("ReduceSum", [t.emit("Mul", [d, d]), axes], keepdims=int(keep))
+    var = t.emit("Div", [total, divisor])
+    if n.target in (aten.var.dim, aten.var.correction):
+        return var
+    # std: the root of a positive variance; 0 with a zero gradient where it is 0, as torch
+    # masks it (the root's gradient there is 1 / 0)
+    positive = t.emit("Greater", [var, t.scalar(0.0, n)])
+    root = t.emit("Sqrt", [t.emit("Where", [positive, var, t.scalar(1.0, n)])])
+    return t.emit("Where", [positive, root, t.scalar(0.0, n)])
 
 
 @op(aten.broadcast_tensors.default)

@@ -95,6 +95,61 @@ CASES = {
         ),
         ("target",),
     ),
+    "nll_loss": (
+        lambda x, t: (
+            F.nll_loss(F.log_softmax(x, -1), t)
+            + F.nll_loss(
+                F.log_softmax(x, -1),
+                t,
+                weight=torch.tensor([0.5, 0.8, 1.1, 1.4, 1.7, 2.0]),
+                ignore_index=2,
+            )
+            + F.nll_loss(F.log_softmax(x, -1), t, reduction="none").sum() * 0.5
+        ),
+        ("classes",),
+    ),
+    "bce_with_logits": (
+        lambda x, y: (
+            F.binary_cross_entropy_with_logits(x * 3, y.sigmoid())
+            + F.binary_cross_entropy_with_logits(
+                x * 3,
+                y.sigmoid(),
+                pos_weight=torch.tensor([0.5, 1.0, 1.5, 2.0, 2.5, 3.0]),
+                reduction="sum",
+            )
+            + F.binary_cross_entropy_with_logits(x, y.sigmoid(), weight=y.abs(), reduction="none")
+        ),
+        ("target",),
+    ),
+    "binary_cross_entropy": (
+        lambda x, y: (
+            F.binary_cross_entropy(x.sigmoid(), y.sigmoid())
+            + F.binary_cross_entropy(x.sigmoid(), (y > 0).float(), reduction="none")
+        ),
+        ("target",),
+    ),
+    "kl_div": (
+        lambda x, y: (
+            F.kl_div(F.log_softmax(x, -1), F.softmax(y, -1), reduction="batchmean")
+            + F.kl_div(F.log_softmax(x, -1), F.relu(y), reduction="none")
+            + F.kl_div(F.log_softmax(x, 0), F.log_softmax(y, 0), reduction="sum", log_target=True)
+        ),
+        ("target",),
+    ),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1, keepdim=True) + torch.logsumexp(x, (0, 1)), ()),
+    "elu_selu_glu": (
+        lambda x: F.elu(x * 3) + F.elu(x, alpha=0.5) + F.selu(x * 2) + F.glu(x, -1).sum(),
+        (),
+    ),
+    "var_std": (
+        lambda x: (
+            x.var(-1, keepdim=True)
+            + x.std(0)
+            + x.var(correction=0)
+            + torch.std(x, (0, 1), unbiased=False)
+        ),
+        (),
+    ),
     "broadcast_tensors": (
         lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
         ("row",),
@@ -110,6 +165,7 @@ EXTRA = {
     # |x - target| on both sides of smooth_l1's beta and huber's delta
     "target": lambda b: torch.linspace(-2.0, 2.0, b * 6).reshape(b, 6),
     "row": lambda b: torch.tensor([[0.5, -1.0, 2.0, 0.1, 0.3, -0.7]]),
+    "classes": lambda b: torch.tensor([0, 2, 5, 2, 1, 3, 4, 2])[:b],  # 2 is ignored in one case
 }
 
 
