@@ -1041,11 +1041,69 @@ def _var(n: torch.fx.Node, t: Translator) -> str:
     var = t.emit("Div", [total, divisor])
     if n.target in (aten.var.dim, aten.var.correction):
         return var
-    # std: the root of a positive variance; 0 with a zero gradient where it is 0, as torch
-    # masks it (the root's gradient there is 1 / 0)
-    positive = t.emit("Greater", [var, t.scalar(0.0, n)])
-    root = t.emit("Sqrt", [t.emit("Where", [positive, var, t.scalar(1.0, n)])])
+    return _root(t, n, var)  # std: torch masks its gradient where it is 0, as _root does
+
+
+def _softplus_of(t: Translator, n: torch.fx.Node, x: str, beta: float, threshold: float) -> str:
+    """torch's softplus: log(1 + e^(beta x)) / beta, and x itself where beta x > threshold."""
+    z = t.emit("Mul", [x, t.scalar(beta, n)]) if beta != 1 else x
+    soft = t.emit("Softplus", [z])
+    if beta != 1:
+        soft = t.emit("Div", [soft, t.scalar(beta, n)])
+    return t.emit("Where", [t.emit("Greater", [z, t.scalar(threshold, n)]), x, soft])
+
+
+@op(aten.softplus.default)
+def _softplus(n: torch.fx.Node, t: Translator) -> str:
+    beta, threshold = float(_arg(n, 1, "beta", 1.0)), float(_arg(n, 2, "threshold", 20.0))
+    return _softplus_of(t, n, t.value(n.args[0]), beta, threshold)
+
+
+@op(aten.mish.default)
+def _mish(n: torch.fx.Node, t: Translator) -> str:
+    x = t.value(n.args[0])
+    return t.emit("Mul", [x, t.emit("Tanh", [_softplus_of(t, n, x, 1.0, 20.0)])])
+
+
+def _root(t: Translator, n: torch.fx.Node, squares: str) -> str:
+    """sqrt(squares), with a zero gradient where it is 0 (torch's norm masks the 1 / 0 there)."""
+    positive = t.emit("Greater", [squares, t.scalar(0.0, n)])
+    root = t.emit("Sqrt", [t.emit("Where", [positive, squares, t.scalar(1.0, n)])])
     return t.emit("Where", [positive, root, t.scalar(0.0, n)])
+
+
+@op(aten.linalg_vector_norm.default)
+def _vector_norm(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    order, dims = _arg(n, 1, "ord", 2), _arg(n, 2, "dim", None)
+    keep = bool(_arg(n, 3, "keepdim", False))
+    if n.kwargs.get("dtype") is not None:
+        t.unsupported(n, "a vector norm with a dtype argument")
+    if order not in (1, 2):
+        t.unsupported(n, f"a vector norm of order {order} (1 and 2 run natively)")
+    inputs = [t.value(x)]  # and the axes, when there are some: none reduces every one
+    dims = [] if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    if dims:
+        inputs.append(t.ints(dims))
+    if order == 1:
+        return t.emit("ReduceSum", [t.emit("Abs", [inputs[0]]), *inputs[1:]], keepdims=int(keep))
+    x2 = t.emit("Mul", [inputs[0], inputs[0]])
+    return _root(t, n, t.emit("ReduceSum", [x2, *inputs[1:]], keepdims=int(keep)))
+
+
+@op(aten.cosine_similarity.default)
+def _cosine_similarity(n: torch.fx.Node, t: Translator) -> str:
+    """sum(x1 x2) / (max(|x1|, eps) max(|x2|, eps)) along dim (the inputs broadcast)."""
+    a, b = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    dim, eps = _arg(n, 2, "dim", 1), float(_arg(n, 3, "eps", 1e-8))
+    axes = t.ints([dim])
+
+    def norm(v: str) -> str:
+        squares = t.emit("ReduceSum", [t.emit("Mul", [v, v]), axes], keepdims=0)
+        return t.emit("Max", [_root(t, n, squares), t.scalar(eps, n)])
+
+    dot = t.emit("ReduceSum", [t.emit("Mul", [a, b]), axes], keepdims=0)
+    return t.emit("Div", [dot, t.emit("Mul", [norm(a), norm(b)])])
 
 
 @op(aten.broadcast_tensors.default)

@@ -150,6 +150,20 @@ CASES = {
         ),
         (),
     ),
+    "softplus_mish": (
+        lambda x: F.softplus(x * 30) + F.softplus(x, beta=2.0, threshold=1.5) + F.mish(x * 3),
+        (),
+    ),
+    "norm_normalize_cosine": (
+        lambda x, y: (
+            x.norm(dim=-1, keepdim=True)
+            + torch.linalg.vector_norm(x, ord=1, dim=0)
+            + torch.linalg.vector_norm(x)
+            + F.normalize(x, dim=0)
+            + F.cosine_similarity(x, y, dim=-1)[:, None]
+        ),
+        ("target",),
+    ),
     "broadcast_tensors": (
         lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
         ("row",),

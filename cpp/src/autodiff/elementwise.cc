@@ -76,6 +76,9 @@ const bool registered = [] {
     c.set_grad(0, c.op("LeakyReluGrad", {c.output_grad(0), c.input(0)},
                        {{"alpha", Attribute::of(c.node().attr_float("alpha", 0.01f))}}, GT));
   });
+  register_gradient("", "Softplus", [](Ctx& c) {  // d/dx log(1 + e^x) = sigmoid(x)
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Sigmoid", {c.input(0)})}));
+  });
   register_gradient("", "Sigmoid", [](Ctx& c) {
     c.set_grad(0, c.op("SigmoidGrad", {c.output_grad(0), c.output(0)}, {}, GT));
   });

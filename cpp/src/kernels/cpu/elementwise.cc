@@ -1,5 +1,6 @@
 // CPU kernels: unary math, binary arithmetic (Min, Max, Clip), comparison and logic with
 // broadcasting, Where, Cast, Not, and the gradient kernels of the activations.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -396,6 +397,14 @@ const bool registered = [] {
   register_kernel(
       "", "Log", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); }, 0, first);
+  // log(1 + e^x) as max(x, 0) + log1p(e^-|x|): no overflow, and full precision far below 0.
+  register_kernel(
+      "", "Softplus", {F32},
+      [](KernelContext& ctx) {
+        unary_f32(ctx, 8,
+                  [](float x) { return std::max(x, 0.0f) + std::log1p(std::exp(-std::fabs(x))); });
+      },
+      0, first);
   register_kernel(
       "", "Tanh", {F32}, [](KernelContext& ctx) { apply_vec_op(ctx, 3, VecOp::kTanh); }, 0, first);
   register_kernel(
