@@ -1126,21 +1126,62 @@ def _broadcast_tensors(n: torch.fx.Node, t: Translator) -> list[str]:
 
 @op(aten.cross_entropy_loss.default)
 def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
-    args = list(n.args) + [None] * 6
-    scores, target, weight = args[0], args[1], args[2]
-    reduction = args[3] if args[3] is not None else 1
-    ignore = args[4] if args[4] is not None else -100
-    smoothing = args[5] if args[5] is not None else 0.0
-    if smoothing:
-        t.unsupported(n, "cross entropy with label smoothing")
-    if val(target).dtype.is_floating_point:
-        t.unsupported(n, "cross entropy with class probabilities as targets")
+    scores, target, weight = n.args[0], n.args[1], _arg(n, 2, "weight", None)
+    reduction = _arg(n, 3, "reduction", 1)
+    reduction = 1 if reduction is None else reduction
+    ignore = _arg(n, 4, "ignore_index", -100)
+    ignore = -100 if ignore is None else int(ignore)
+    smoothing = float(_arg(n, 5, "label_smoothing", 0.0) or 0.0)
+    probabilities = val(target).dtype.is_floating_point
     inputs = [t.value(scores), t.value(target)] + ([t.value(weight)] if weight is not None else [])
+    if not probabilities:
+        nll = t.emit(
+            "SoftmaxCrossEntropyLoss",
+            inputs,
+            reduction=["none", "mean", "sum"][reduction],
+            ignore_index=ignore,
+        )
+        if not smoothing:
+            return nll
+    # Label smoothing or class probabilities: torch's formulas over log_softmax, class dim 1.
+    if rank(scores) < 2 or not isinstance(val(scores).shape[1], int):
+        t.unsupported(n, "cross entropy on one item, or over a changing number of classes")
+    classes = val(scores).shape[1]
+    logp = t.emit("LogSoftmax", [t.value(scores)], axis=1)
+    if weight is not None:  # the class weights along dim 1
+        shape = [1, classes] + [1] * (rank(scores) - 2)
+        logp = t.emit("Mul", [logp, t.emit("Reshape", [t.value(weight), t.ints(shape)])])
+    classes_axis = t.ints([1])
+    if probabilities:  # -sum_c w_c y_c logp_c per item; the mean over items, whatever the weights
+        y = t.promoted(target, 0.0, val(scores).dtype)[0]
+        if smoothing:
+            y = t.emit("Mul", [y, t.scalar(1.0 - smoothing, n)])
+            y = t.emit("Add", [y, t.scalar(smoothing / classes, n)])
+        per_item = t.emit("ReduceSum", [t.emit("Mul", [logp, y]), classes_axis], keepdims=0)
+        return _reduced(t, t.emit("Neg", [per_item]), reduction)
+    # Class indices with smoothing: (1 - e) nll + e / C * (-sum_c w_c logp_c), the second term 0
+    # for ignored items and its mean over the weights of the kept targets (torch's)
+    kept = t.emit("Not", [t.emit("Equal", [t.value(target), t.const(np.array(ignore, np.int64))])])
+    kept_f = t.emit("Cast", [kept], to=t.onnx_dtype(val(scores).dtype))
+    smooth = t.emit("ReduceSum", [logp, classes_axis], keepdims=0)
+    smooth = t.emit("Mul", [t.emit("Neg", [smooth]), kept_f])
+    if reduction == 1:
+        count = kept_f
+        if weight is not None:
+            safe = t.emit("Where", [kept, t.value(target), t.const(np.array(0, np.int64))])
+            count = t.emit("Mul", [count, t.emit("Gather", [t.value(weight), safe])])
+        smooth = t.emit(
+            "Div",
+            [t.emit("ReduceSum", [smooth], keepdims=0), t.emit("ReduceSum", [count], keepdims=0)],
+        )
+    elif reduction == 2:
+        smooth = t.emit("ReduceSum", [smooth], keepdims=0)
     return t.emit(
-        "SoftmaxCrossEntropyLoss",
-        inputs,
-        reduction=["none", "mean", "sum"][reduction],
-        ignore_index=int(ignore),
+        "Add",
+        [
+            t.emit("Mul", [nll, t.scalar(1.0 - smoothing, n)]),
+            t.emit("Mul", [smooth, t.scalar(smoothing / classes, n)]),
+        ],
     )
 
 

@@ -108,6 +108,35 @@ CASES = {
         ),
         ("classes",),
     ),
+    "cross_entropy_label_smoothing": (
+        lambda x, t: (
+            F.cross_entropy(x, t, label_smoothing=0.1)
+            + F.cross_entropy(
+                x,
+                t,
+                weight=torch.tensor([0.5, 0.8, 1.1, 1.4, 1.7, 2.0]),
+                ignore_index=2,
+                label_smoothing=0.2,
+            )
+            + F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.3, reduction="sum")
+            + F.cross_entropy(x, t, label_smoothing=0.05, reduction="none").sum() * 0.5
+        ),
+        ("classes",),
+    ),
+    "cross_entropy_probabilities": (
+        lambda x, y: (
+            F.cross_entropy(x, F.softmax(y, -1))
+            + F.cross_entropy(
+                x,
+                F.softmax(y, -1),
+                weight=torch.tensor([0.5, 0.8, 1.1, 1.4, 1.7, 2.0]),
+                label_smoothing=0.1,
+                reduction="sum",
+            )
+            + F.cross_entropy(x, F.softmax(y * 2, -1), reduction="none")[:, None]
+        ),
+        ("target",),
+    ),
     "bce_with_logits": (
         lambda x, y: (
             F.binary_cross_entropy_with_logits(x * 3, y.sigmoid())
