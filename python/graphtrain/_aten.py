@@ -7,6 +7,7 @@ IR value(s) holding its result. Adding an op is one entry in _translate.TRANSLAT
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -187,7 +188,6 @@ def _logical(n: torch.fx.Node, t: Translator) -> str:
     aten.clamp_min.default,
     aten.clamp_max.default,
     aten.clip.default,
-    aten.hardtanh.default,
 )
 def _clamp(n: torch.fx.Node, t: Translator) -> str:
     x = n.args[0]
@@ -195,8 +195,6 @@ def _clamp(n: torch.fx.Node, t: Translator) -> str:
         lo, hi = n.args[1], None
     elif n.target == aten.clamp_max.default:
         lo, hi = None, n.args[1]
-    elif n.target == aten.hardtanh.default:
-        lo, hi = (n.args[1] if len(n.args) > 1 else -1.0), (n.args[2] if len(n.args) > 2 else 1.0)
     else:
         lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
         hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
@@ -1008,25 +1006,36 @@ def _glu(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Mul", [a, t.emit("Sigmoid", [b])])
 
 
+_STD = (aten.std.dim, aten.std.correction, aten.std_mean.dim, aten.std_mean.correction)
+
+
 @op(aten.var.dim, aten.var.correction, aten.std.dim, aten.std.correction)
 def _var(n: torch.fx.Node, t: Translator) -> str:
-    """sum (x - mean)^2 / (N - correction) over the dims (all when none), its root for std."""
+    return _variance(n, t)[0]
+
+
+@op(aten.var_mean.dim, aten.var_mean.correction, aten.std_mean.dim, aten.std_mean.correction)
+def _var_mean(n: torch.fx.Node, t: Translator) -> list[str]:
+    return list(_variance(n, t))
+
+
+def _variance(n: torch.fx.Node, t: Translator) -> tuple[str, str]:
+    """(sum (x - mean)^2 / (N - correction), its root for std; the mean) over the dims (all when
+    none), for the .dim (unbiased) and .correction forms."""
     x = n.args[0]
     dims = _arg(n, 1, "dim", None)
-    dims = (
-        list(range(rank(x))) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
-    )
+    dims = [] if dims is None else [dims] if isinstance(dims, int) else list(dims)
     dims = [axis(d, rank(x)) for d in dims] or list(range(rank(x)))
-    if n.target in (aten.var.dim, aten.std.dim):
-        correction = 1.0 if _arg(n, 2, "unbiased", True) else 0.0
-        keep = bool(_arg(n, 3, "keepdim", False))
-    else:
+    if n.target._overloadname == "correction":
         c = n.kwargs.get("correction")
         correction, keep = (1.0 if c is None else float(c)), bool(n.kwargs.get("keepdim", False))
+    else:
+        correction = 1.0 if _arg(n, 2, "unbiased", True) else 0.0
+        keep = bool(_arg(n, 3, "keepdim", False))
     axes = t.ints(dims)
     sizes = [val(x).shape[d] for d in dims]
     if all(isinstance(s, int) for s in sizes):
-        divisor = t.scalar(max(float(np.prod(sizes)) - correction, 0.0), n)
+        divisor = t.scalar(max(float(np.prod(sizes)) - correction, 0.0), x)
     else:  # the count from the shape at run time
         shape = t.emit("Shape", [t.value(x)])
         count = t.emit("Gather", [shape, t.const(np.array(dims[0], np.int64))])
@@ -1034,14 +1043,15 @@ def _var(n: torch.fx.Node, t: Translator) -> str:
             count = t.emit(
                 "Mul", [count, t.emit("Gather", [shape, t.const(np.array(d, np.int64))])]
             )
-        count = t.emit("Cast", [count], to=t.onnx_dtype(val(n).dtype))
-        divisor = t.emit("Max", [t.emit("Sub", [count, t.scalar(correction, n)]), t.scalar(0.0, n)])
-    d = t.emit("Sub", [t.value(x), t.emit("ReduceMean", [t.value(x), axes], keepdims=1)])
+        count = t.emit("Cast", [count], to=t.onnx_dtype(val(x).dtype))
+        divisor = t.emit("Max", [t.emit("Sub", [count, t.scalar(correction, x)]), t.scalar(0.0, x)])
+    mean = t.emit("ReduceMean", [t.value(x), axes], keepdims=1)
+    d = t.emit("Sub", [t.value(x), mean])
     total = t.emit("ReduceSum", [t.emit("Mul", [d, d]), axes], keepdims=int(keep))
     var = t.emit("Div", [total, divisor])
-    if n.target in (aten.var.dim, aten.var.correction):
-        return var
-    return _root(t, n, var)  # std: torch masks its gradient where it is 0, as _root does
+    if n.target in _STD:
+        var = _root(t, x, var)  # torch masks std's gradient where it is 0, as _root does
+    return var, mean if keep else t.emit("Squeeze", [mean, axes])
 
 
 def _softplus_of(t: Translator, n: torch.fx.Node, x: str, beta: float, threshold: float) -> str:
@@ -1104,6 +1114,127 @@ def _cosine_similarity(n: torch.fx.Node, t: Translator) -> str:
 
     dot = t.emit("ReduceSum", [t.emit("Mul", [a, b]), axes], keepdims=0)
     return t.emit("Div", [dot, t.emit("Mul", [norm(a), norm(b)])])
+
+
+@op(aten.hardtanh.default, aten.relu6.default)
+def _hardtanh(n: torch.fx.Node, t: Translator) -> str:
+    """x clipped to [lo, hi], its gradient passing only strictly inside (torch's hardtanh, where
+    clamp's passes at the bounds too)."""
+    x = t.value(n.args[0])
+    if n.target == aten.relu6.default:
+        lo, hi = 0.0, 6.0
+    else:
+        lo, hi = float(_arg(n, 1, "min_val", -1.0)), float(_arg(n, 2, "max_val", 1.0))
+    lo_c, hi_c = t.scalar(lo, n.args[0]), t.scalar(hi, n.args[0])
+    inside = t.emit("And", [t.emit("Greater", [x, lo_c]), t.emit("Less", [x, hi_c])])
+    clipped = t.emit("Clip", [t.emit("StopGradient", [x], domain=GT), lo_c, hi_c])
+    return t.emit("Where", [inside, x, clipped])
+
+
+@op(aten.log1p.default, aten.expm1.default)
+def _log1p_expm1(n: torch.fx.Node, t: Translator) -> str:
+    op_type = "Log1p" if n.target == aten.log1p.default else "Expm1"
+    return t.emit(op_type, [t.value(n.args[0])], domain=GT)
+
+
+@op(aten.log2.default, aten.log10.default)
+def _log_base(n: torch.fx.Node, t: Translator) -> str:
+    base = 2.0 if n.target == aten.log2.default else 10.0
+    return t.emit("Mul", [t.emit("Log", [t.value(n.args[0])]), t.scalar(1.0 / math.log(base), n)])
+
+
+@op(aten.sign.default)
+def _sign(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Sign", [t.value(n.args[0])])
+
+
+@op(aten.log_sigmoid.default)
+def _log_sigmoid(n: torch.fx.Node, t: Translator) -> str:
+    return t.emit("Neg", [t.emit("Softplus", [t.emit("Neg", [t.value(n.args[0])])])])
+
+
+@op(aten.prelu.default)
+def _prelu(n: torch.fx.Node, t: Translator) -> str:
+    """x above 0, w x at or below it, w one value or one per channel (dim 1)."""
+    x, w = n.args[0], n.args[1]
+    slope = t.value(w)
+    if val(w).numel() != 1 and rank(x) > 2:
+        slope = t.emit("Reshape", [slope, t.ints([-1] + [1] * (rank(x) - 2))])
+    above = t.emit("Greater", [t.value(x), t.scalar(0.0, x)])
+    return t.emit("Where", [above, t.value(x), t.emit("Mul", [t.value(x), slope])])
+
+
+@op(aten.index_select.default)
+def _index_select(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    return t.emit("Gather", [t.value(x), t.value(n.args[2])], axis=axis(n.args[1], rank(x)))
+
+
+@op(aten.flip.default)
+def _flip(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    dims = [axis(d, rank(x)) for d in n.args[1]]
+    if not dims:
+        return t.value(x)
+    k = len(dims)
+    return t.emit(
+        "Slice",
+        [
+            t.value(x),
+            t.ints([-1] * k),
+            t.ints([-INT64_MAX - 1] * k),
+            t.ints(dims),
+            t.ints([-1] * k),
+        ],
+    )
+
+
+@op(aten.roll.default)
+def _roll(n: torch.fx.Node, t: Translator) -> str:
+    x = n.args[0]
+    shifts, dims = list(n.args[1]), list(_arg(n, 2, "dims", []))
+    if not dims or len(dims) != len(shifts):
+        t.unsupported(n, "roll without one dim per shift (over the flattened tensor)")
+    out = t.value(x)
+    for shift, d in zip(shifts, dims):
+        d = axis(d, rank(x))
+        size = val(x).shape[d]
+        if not isinstance(size, int) or not isinstance(shift, int):
+            t.unsupported(n, "roll along a dimension whose size changes between calls")
+        cut = size - shift % size if size else 0
+        if cut in (0, size):
+            continue
+        tail = t.emit("Slice", [out, t.ints([cut]), t.ints([size]), t.ints([d])])
+        head = t.emit("Slice", [out, t.ints([0]), t.ints([cut]), t.ints([d])])
+        out = t.emit("Concat", [tail, head], axis=d)
+    return out
+
+
+@op(aten.repeat_interleave.self_int)
+def _repeat_interleave(n: torch.fx.Node, t: Translator) -> str:
+    """Each slice along dim `repeats` times: x unsqueezed after dim, expanded there, and the two
+    dims merged."""
+    x, repeats, dim = n.args[0], n.args[1], _arg(n, 2, "dim", None)
+    if dim is None or not isinstance(repeats, int):
+        t.unsupported(n, "repeat_interleave without a dim, or by a changing count")
+    r, d = rank(x), axis(dim, rank(x))
+    ones = [1] * (d + 1) + [repeats] + [1] * (r - d - 1)
+    y = t.emit("Expand", [t.emit("Unsqueeze", [t.value(x), t.ints([d + 1])]), t.ints(ones)])
+    shape = t.emit("Shape", [t.value(x)])
+    parts = [t.emit("Slice", [shape, t.ints([0]), t.ints([d])])] if d > 0 else []
+    parts.append(t.ints([-1]))
+    if d < r - 1:
+        parts.append(t.emit("Slice", [shape, t.ints([d + 1]), t.ints([INT64_MAX])]))
+    target = parts[0] if len(parts) == 1 else t.emit("Concat", parts, axis=0)
+    return t.emit("Reshape", [y, target])
+
+
+@op(aten.outer.default)
+def _outer(n: torch.fx.Node, t: Translator) -> str:
+    a, b = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    return t.emit(
+        "Mul", [t.emit("Unsqueeze", [a, t.ints([1])]), t.emit("Unsqueeze", [b, t.ints([0])])]
+    )
 
 
 @op(aten.broadcast_tensors.default)

@@ -193,6 +193,54 @@ CASES = {
         ),
         ("target",),
     ),
+    "log1p_expm1_log2_log10": (
+        lambda x: (
+            torch.log1p(x.abs() * 1e-4)
+            + torch.expm1(x * 1e-3)
+            + torch.log2(x.abs() + 1)
+            + torch.log10(x.abs() + 1)
+        ),
+        (),
+    ),
+    "hardtanh_relu6": (
+        lambda x: F.hardtanh(x * 2) + F.relu6(x * 8) + F.hardtanh(x, -0.5, 0.5),
+        (),
+    ),  # the zero column sits on relu6's lower bound: torch's gradient there is 0
+    "sign_log_sigmoid_prelu": (
+        lambda x: (
+            torch.sign(x) * x
+            + F.logsigmoid(x * 20)
+            + F.prelu(x, torch.tensor([0.25]))
+            + F.prelu(x.reshape(-1, 2, 3), torch.tensor([0.1, 0.3])).reshape(-1, 6)
+        ),
+        (),
+    ),
+    "index_select_flip_roll": (
+        lambda x: (
+            x.index_select(1, torch.tensor([4, 0, 0, 2, 1, 5]))
+            + x.flip(-1)
+            + x.flip(0, 1)
+            + x.roll(2, -1)
+            + x.roll((-1, 7), (1, 1))
+        ),
+        (),
+    ),
+    "repeat_interleave_outer": (
+        lambda x: (
+            x.repeat_interleave(2, dim=1)[:, :6]
+            + torch.outer(x[0], x[1])[:1]
+            + x.repeat_interleave(3, dim=-1).reshape(-1, 6, 3).sum(-1)
+        ),
+        (),
+    ),
+    "var_mean_std_mean": (
+        lambda x: (
+            torch.var_mean(x, -1, keepdim=True)[0]
+            + torch.var_mean(x, 0)[1]
+            + torch.std_mean(x, -1, correction=0, keepdim=True)[0] * torch.std_mean(x)[1]
+        ),
+        (),
+    ),
     "broadcast_tensors": (
         lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
         ("row",),

@@ -76,6 +76,12 @@ const bool registered = [] {
     c.set_grad(0, c.op("LeakyReluGrad", {c.output_grad(0), c.input(0)},
                        {{"alpha", Attribute::of(c.node().attr_float("alpha", 0.01f))}}, GT));
   });
+  register_gradient(GT, "Log1p", [](Ctx& c) {
+    c.set_grad(0, c.op("Div", {c.output_grad(0), c.op("Add", {c.input(0), c.constant(1.0f)})}));
+  });
+  register_gradient(GT, "Expm1", [](Ctx& c) {  // d/dx (e^x - 1) = y + 1
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Add", {c.output(0), c.constant(1.0f)})}));
+  });
   register_gradient("", "Softplus", [](Ctx& c) {  // d/dx log(1 + e^x) = sigmoid(x)
     c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Sigmoid", {c.input(0)})}));
   });

@@ -67,8 +67,9 @@ const bool registered = [] {
     std::optional<SymShape> shape = broadcast_inputs(ctx, 0, ctx.num_inputs());
     for (size_t o = 0; o < ctx.num_outputs(); ++o) ctx.set_output(o, DType::kFloat32, shape);
   });
-  register_shape_inferer(kGraphtrainDomain, "StopGradient",
-                         [](InferenceContext& ctx) { infer_like_input(ctx); });
+  for (const char* op : {"StopGradient", "Log1p", "Expm1"})
+    register_shape_inferer(kGraphtrainDomain, op,
+                           [](InferenceContext& ctx) { infer_like_input(ctx); });
   register_shape_inferer("", "Identity", [](InferenceContext& ctx) {
     infer_like_input(ctx);
     if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);

@@ -397,6 +397,15 @@ const bool registered = [] {
   register_kernel(
       "", "Log", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); }, 0, first);
+  // log(1 + x) and e^x - 1 (torch's log1p, expm1): exact near 0, where 1 + x and e^x round.
+  register_kernel(
+      kGraphtrainDomain, "Log1p", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log1p(x); }); }, 0,
+      first);
+  register_kernel(
+      kGraphtrainDomain, "Expm1", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::expm1(x); }); }, 0,
+      first);
   // log(1 + e^x) as max(x, 0) + log1p(e^-|x|): no overflow, and full precision far below 0.
   register_kernel(
       "", "Softplus", {F32},
