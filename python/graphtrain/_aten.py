@@ -1143,9 +1143,21 @@ def _log_base(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Mul", [t.emit("Log", [t.value(n.args[0])]), t.scalar(1.0 / math.log(base), n)])
 
 
-@op(aten.sign.default)
+@op(aten.sign.default, aten.floor.default, aten.ceil.default, aten.round.default)
 def _sign(n: torch.fx.Node, t: Translator) -> str:
-    return t.emit("Sign", [t.value(n.args[0])])
+    """Sign, Floor, Ceil, Round (halves to even, as torch's): gradient 0, as torch's."""
+    x = n.args[0]
+    if not val(x).dtype.is_floating_point:  # integers are their own floor, ceil and round
+        if n.target == aten.sign.default:
+            t.unsupported(n, "sign of an integer tensor")
+        return t.value(x)
+    op_type = {
+        aten.sign.default: "Sign",
+        aten.floor.default: "Floor",
+        aten.ceil.default: "Ceil",
+        aten.round.default: "Round",
+    }[n.target]
+    return t.emit(op_type, [t.value(x)])
 
 
 @op(aten.log_sigmoid.default)
@@ -1235,6 +1247,40 @@ def _outer(n: torch.fx.Node, t: Translator) -> str:
     return t.emit(
         "Mul", [t.emit("Unsqueeze", [a, t.ints([1])]), t.emit("Unsqueeze", [b, t.ints([0])])]
     )
+
+
+@op(aten.max.dim, aten.min.dim)
+def _max_dim(n: torch.fx.Node, t: Translator) -> list[str]:
+    """(values, indices) along dim: the index by ArgMax / ArgMin (the first of equals, a NaN
+    first), the values gathered at it, so the gradient goes to that element alone, as torch's."""
+    x = n.args[0]
+    d = axis(n.args[1], rank(x))
+    index = t.emit(
+        "ArgMax" if n.target == aten.max.dim else "ArgMin", [t.value(x)], axis=d, keepdims=1
+    )
+    values = t.emit("GatherElements", [t.value(x), index], axis=d)
+    if _arg(n, 2, "keepdim", False):
+        return [values, index]
+    return [t.emit("Squeeze", [values, t.ints([d])]), t.emit("Squeeze", [index, t.ints([d])])]
+
+
+@op(aten.argmax.default, aten.argmin.default)
+def _argmax(n: torch.fx.Node, t: Translator) -> str:
+    x, dim, keep = n.args[0], _arg(n, 1, "dim", None), bool(_arg(n, 2, "keepdim", False))
+    op_type = "ArgMax" if n.target == aten.argmax.default else "ArgMin"
+    if dim is None:  # over the flattened tensor
+        if keep:
+            t.unsupported(n, f"{op_type.lower()} over every dim with keepdim")
+        flat = t.emit("Reshape", [t.value(x), t.ints([-1])])
+        return t.emit(op_type, [flat], axis=0, keepdims=0)
+    return t.emit(op_type, [t.value(x)], axis=axis(dim, rank(x)), keepdims=int(keep))
+
+
+@op(aten.max.default, aten.min.default)
+def _max_all(n: torch.fx.Node, t: Translator) -> str:
+    """The largest (smallest) element; its gradient shared among equals, as torch's."""
+    op_type = "ReduceMax" if n.target == aten.max.default else "ReduceMin"
+    return t.emit(op_type, [t.value(n.args[0])], keepdims=0)
 
 
 @op(aten.broadcast_tensors.default)

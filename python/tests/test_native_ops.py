@@ -241,6 +241,21 @@ CASES = {
         ),
         (),
     ),
+    "max_min_argmax": (
+        lambda x: (
+            x.max(dim=-1, keepdim=True).values
+            + x.min(dim=0).values
+            + x.max(-1).indices[:, None] * x
+            + torch.argmin(x, 1, keepdim=True) * 0.5
+            + torch.argmax(x) * 0.25
+            + x.max()
+            + x.clamp(min=-0.3).min()  # ties at the bound share the gradient, as torch's
+            + (x * 4).floor() * (x * 4).ceil() * x  # floor, ceil, round: no gradient of their own
+            + (x * 3).round()
+            + torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 3.5]).round()  # halves to even
+        ),
+        (),
+    ),
     "broadcast_tensors": (
         lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
         ("row",),

@@ -49,7 +49,8 @@ const bool registered = [] {
   register_gradient("", "Abs", [](Ctx& c) {
     c.set_grad(0, c.op("Mul", {c.output_grad(0), c.op("Sign", {c.input(0)})}));
   });
-  register_gradient("", "Sign", [](Ctx&) {});  // zero almost everywhere
+  for (const char* op : {"Sign", "Floor", "Ceil", "Round"})
+    register_gradient("", op, [](Ctx&) {});  // zero almost everywhere, as torch's
   register_gradient("", "Sqrt", [](Ctx& c) {
     c.set_grad(0, c.op("Div", {c.op("Mul", {c.output_grad(0), c.constant(0.5f)}), c.output(0)}));
   });

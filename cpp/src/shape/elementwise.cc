@@ -59,8 +59,9 @@ void binary(InferenceContext& ctx, DType out_dtype, char value_op) {
 }
 
 const bool registered = [] {
-  for (const char* op : {"Sqrt", "Reciprocal", "Exp", "Log", "Neg", "Abs", "Relu", "LeakyRelu",
-                         "Gelu", "Tanh", "Sigmoid", "Erf", "Not", "Cos", "Sin", "Clip", "Softplus"})
+  for (const char* op : {"Sqrt",      "Reciprocal", "Exp",      "Log",     "Neg",  "Abs",  "Relu",
+                         "LeakyRelu", "Gelu",       "Tanh",     "Sigmoid", "Erf",  "Not",  "Cos",
+                         "Sin",       "Clip",       "Softplus", "Floor",   "Ceil", "Round"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
   // Made by the fuse_elementwise pass: every output has the inputs' broadcast shape.
   register_shape_inferer(kGraphtrainDomain, "FusedElementwise", [](InferenceContext& ctx) {

@@ -49,7 +49,26 @@ void reduce(InferenceContext& ctx) {
   ctx.set_output(0, dtype, out);
 }
 
+// ArgMax / ArgMin: int64 indices along attribute `axis`, kept as a dim of 1 unless keepdims=0.
+void arg_reduce(InferenceContext& ctx) {
+  const SymShape* in = ctx.input_shape(0);
+  if (!in) return ctx.set_output(0, DType::kInt64, std::nullopt);
+  int64_t rank = static_cast<int64_t>(in->size());
+  size_t axis = static_cast<size_t>(normalize_axis(ctx, ctx.node().attr_int("axis", 0), rank));
+  bool keep = ctx.node().attr_int("keepdims", 1) != 0;
+  SymShape out;
+  for (size_t i = 0; i < in->size(); ++i) {
+    if (i != axis)
+      out.push_back((*in)[i]);
+    else if (keep)
+      out.emplace_back(1);
+  }
+  ctx.set_output(0, DType::kInt64, out);
+}
+
 const bool registered = [] {
+  register_shape_inferer("", "ArgMax", arg_reduce);
+  register_shape_inferer("", "ArgMin", arg_reduce);
   register_shape_inferer("", "CumSum", [](InferenceContext& ctx) { infer_like_input(ctx); });
   for (const char* op : {"SumToShape", "ReduceGrad"})
     register_shape_inferer(GT, op,

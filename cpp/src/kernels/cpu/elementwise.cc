@@ -397,6 +397,19 @@ const bool registered = [] {
   register_kernel(
       "", "Log", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); }, 0, first);
+  // Round: halves to even, as torch.round and ONNX (nearbyint in the default rounding mode).
+  register_kernel(
+      "", "Floor", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::floor(x); }); }, 0,
+      first);
+  register_kernel(
+      "", "Ceil", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::ceil(x); }); }, 0,
+      first);
+  register_kernel(
+      "", "Round", {F32},
+      [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::nearbyint(x); }); }, 0,
+      first);
   // log(1 + x) and e^x - 1 (torch's log1p, expm1): exact near 0, where 1 + x and e^x round.
   register_kernel(
       kGraphtrainDomain, "Log1p", {F32},

@@ -214,6 +214,46 @@ void reduce_grad(KernelContext& ctx) {
     for (int64_t i = 0; i < dx.numel(); ++i) p[i] *= scale;
 }
 
+// ArgMax / ArgMin(x, axis, keepdims): the index of the largest (smallest) element along the axis,
+// the first of equals unless select_last_index; a NaN counts as the extreme (torch's argmax and
+// max.dim return it).
+template <bool kMax>
+void arg_reduce(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", 0), rank);
+  bool keep = ctx.node().attr_int("keepdims", 1) != 0;
+  bool last = ctx.node().attr_int("select_last_index", 0) != 0;
+  int64_t n = x.dim(static_cast<size_t>(axis)), inner = 1, outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.dim(static_cast<size_t>(i));
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dim(static_cast<size_t>(i));
+  if (n == 0) ctx.fail("cannot take the index of the extreme of an empty axis");
+  Shape out_shape = x.shape();
+  if (keep)
+    out_shape[static_cast<size_t>(axis)] = 1;
+  else
+    out_shape.erase(out_shape.begin() + axis);
+  Tensor& out = ctx.allocate_output(0, DType::kInt64, out_shape);
+  const float* px = x.data<float>();
+  int64_t* po = out.data<int64_t>();
+  parallel_for(ctx, outer * inner, n, [&](int64_t lo, int64_t hi) {
+    for (int64_t line = lo; line < hi; ++line) {
+      const float* p = px + (line / inner) * n * inner + line % inner;
+      int64_t best = 0;
+      float v = p[0];
+      for (int64_t k = 1; k < n && !std::isnan(v); ++k) {
+        float e = p[k * inner];
+        bool better = kMax ? (e > v || (last && e == v)) : (e < v || (last && e == v));
+        if (better || std::isnan(e)) {
+          best = k;
+          v = e;
+        }
+      }
+      po[line] = best;
+    }
+  });
+}
+
 // CumSum(x, axis) with ONNX's exclusive and reverse attributes; sums in index order along the axis.
 template <typename T>
 void cumsum_typed(KernelContext& ctx, int64_t axis) {
@@ -265,6 +305,8 @@ const bool registered = [] {
   register_kernel("", "ReduceMean", {DType::kFloat32}, reduce<Kind::kMean>);
   register_kernel("", "ReduceMax", {DType::kFloat32}, reduce<Kind::kMax>);
   register_kernel("", "ReduceMin", {DType::kFloat32}, reduce<Kind::kMin>);
+  register_kernel("", "ArgMax", {DType::kFloat32}, arg_reduce<true>);
+  register_kernel("", "ArgMin", {DType::kFloat32}, arg_reduce<false>);
   register_kernel(GT, "SumToShape", {F32}, sum_to_shape);
   register_kernel(GT, "ReduceGrad", {F32}, reduce_grad);
   return true;
