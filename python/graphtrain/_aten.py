@@ -1283,6 +1283,70 @@ def _max_all(n: torch.fx.Node, t: Translator) -> str:
     return t.emit(op_type, [t.value(n.args[0])], keepdims=0)
 
 
+def _permuted(t: Translator, x: str, labels: list[str], order: list[str]) -> str:
+    """x with its dims (named by `labels`) in `order`."""
+    if labels == order:
+        return x
+    return t.emit("Transpose", [x], perm=[labels.index(c) for c in order])
+
+
+@op(aten.einsum.default)
+def _einsum(n: torch.fx.Node, t: Translator) -> str:
+    """One or two operands, each label once per operand: a sum over labels only one operand has,
+    then a broadcast Mul (nothing contracted) or one batched MatMul (one label contracted, and
+    several free labels in at most one operand), and transposes."""
+    equation, xs = n.args[0].replace(" ", ""), list(n.args[1])
+    if "->" not in equation or "." in equation or len(xs) not in (1, 2):
+        t.unsupported(n, f"einsum '{equation}' (one or two operands, an explicit output, no ...)")
+    ins, out = equation.split("->")
+    specs = [list(s) for s in ins.split(",")]
+    out_labels = list(out)
+    if any(len(set(s)) != len(s) for s in specs + [out_labels]):
+        t.unsupported(n, f"einsum '{equation}' with a label repeated in one operand (a diagonal)")
+    values = [t.value(x) for x in xs]
+    for i, spec in enumerate(specs):  # labels no other operand and not the output has: summed
+        others = set(out_labels).union(*[set(s) for j, s in enumerate(specs) if j != i])
+        gone = [c for c in spec if c not in others]
+        if gone:
+            values[i] = t.emit(
+                "ReduceSum", [values[i], t.ints([spec.index(c) for c in gone])], keepdims=0
+            )
+            specs[i] = [c for c in spec if c not in gone]
+    if len(specs) == 1:
+        return _permuted(t, values[0], specs[0], out_labels)
+    contracted = [c for c in specs[0] if c in specs[1] and c not in out_labels]
+    if not contracted:  # a broadcast product, each operand's dims in the output's order
+        parts = []
+        for v, spec in zip(values, specs):
+            v = _permuted(t, v, spec, [c for c in out_labels if c in spec])
+            missing = [i for i, c in enumerate(out_labels) if c not in spec]
+            parts.append(t.emit("Unsqueeze", [v, t.ints(missing)]) if missing else v)
+        return t.emit("Mul", parts)
+    if len(contracted) > 1:
+        t.unsupported(n, f"einsum '{equation}' contracting several labels")
+    free = [[c for c in s if c not in specs[1 - i]] for i, s in enumerate(specs)]
+    p = 0 if len(free[1]) <= 1 else 1  # the operand whose free labels lead the MatMul's rows
+    q = 1 - p
+    if len(free[q]) > 1:
+        t.unsupported(n, f"einsum '{equation}' with several free labels in both operands")
+    batch = [c for c in out_labels if c in specs[0] and c in specs[1]]
+    nb, k = len(batch), contracted
+    a = _permuted(t, values[p], specs[p], batch + free[p] + k)
+    b = _permuted(t, values[q], specs[q], batch + k + free[q])
+    if not free[p]:  # rows of 1
+        a = t.emit("Unsqueeze", [a, t.ints([nb])])
+    if not free[q]:  # a column of 1
+        b = t.emit("Unsqueeze", [b, t.ints([nb + 1])])
+    if len(free[p]) > 1:  # b broadcast over p's leading free dims
+        b = t.emit("Unsqueeze", [b, t.ints(list(range(nb, nb + len(free[p]) - 1)))])
+    y = t.emit("MatMul", [a, b])
+    rows = max(len(free[p]), 1)
+    dropped = ([nb] if not free[p] else []) + ([nb + rows] if not free[q] else [])
+    if dropped:
+        y = t.emit("Squeeze", [y, t.ints(dropped)])
+    return _permuted(t, y, batch + free[p] + free[q], out_labels)
+
+
 @op(aten.broadcast_tensors.default)
 def _broadcast_tensors(n: torch.fx.Node, t: Translator) -> list[str]:
     xs = list(n.args[0])

@@ -256,6 +256,27 @@ CASES = {
         ),
         (),
     ),
+    "einsum": (
+        lambda x: (
+            torch.einsum("bi,bj->bij", x, x).sum(-1)  # outer products per row
+            + torch.einsum("bi,ij->bj", x, torch.tensor([[0.1, -0.2, 0.3]] * 12).reshape(6, 6))
+            + torch.einsum("bi,bi->b", x, x)[:, None]  # dot products per row
+            + torch.einsum("ij->ji", x).t()
+            + torch.einsum("bi,j->bij", x, x[0]).sum(1)  # a label only one operand has
+            + torch.einsum("bhqd,bhkd->bhqk", x.reshape(-1, 2, 1, 3), x.reshape(-1, 2, 1, 3))
+            .reshape(-1, 2)
+            .sum(-1, keepdim=True)
+            + torch.einsum(
+                "bsi,ij->bsj",
+                x.reshape(-1, 2, 3),
+                torch.tensor([[0.5, -1.0], [0.25, 2.0], [1.0, 0.0]]),
+            )
+            .reshape(-1, 4)
+            .sum(-1, keepdim=True)  # free labels before the contracted one: a linear layer
+            + torch.einsum("jk,bk->bj", torch.arange(36.0).reshape(6, 6) * 0.01, x)
+        ),
+        (),
+    ),
     "broadcast_tensors": (
         lambda x, r: (lambda a, b, c: a * b + c)(*torch.broadcast_tensors(x, r, x[:, :1])),
         ("row",),
