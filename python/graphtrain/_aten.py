@@ -811,13 +811,13 @@ def _layer_norm(n: torch.fx.Node, t: Translator) -> str:
 
 # Regression losses: the elementwise formula and a reduction, which fuse_elementwise fuses; autodiff
 # differentiates them as torch does (sign(0) = 0 for L1, the quadratic branch below beta / delta).
-def _difference_loss(n: torch.fx.Node, t: Translator, pointwise: Callable[[str, str], str]) -> str:
-    """Reduces pointwise(x - y, |x - y|) as aten's `reduction` argument (2) says."""
+def _difference_loss(n: torch.fx.Node, t: Translator, pointwise: Callable[[str], str]) -> str:
+    """Reduces pointwise(x - y) as aten's `reduction` argument (2) says."""
     x, y = n.args[0], n.args[1]
     if not val(n).dtype.is_floating_point:
         t.unsupported(n, "a regression loss on integer tensors")
     d = t.emit("Sub", t.promoted(x, y, val(n).dtype))
-    return _reduced(t, pointwise(d, t.emit("Abs", [d])), _arg(n, 2, "reduction", 1))
+    return _reduced(t, pointwise(d), _arg(n, 2, "reduction", 1))
 
 
 def _arg(n: torch.fx.Node, index: int, name: str, default: Any) -> Any:
@@ -835,7 +835,8 @@ def _reduced(t: Translator, loss: str, reduction: int) -> str:
 def _quadratic_below(n: torch.fx.Node, t: Translator, limit: float, scale: float) -> Callable:
     """0.5 d^2 / limit where |d| < limit, else |d| - 0.5 limit, both times `scale`."""
 
-    def pointwise(d: str, a: str) -> str:
+    def pointwise(d: str) -> str:
+        a = t.emit("Abs", [d])
         if limit == 0:
             return t.emit("Mul", [a, t.scalar(scale, n)]) if scale != 1 else a
         near = t.emit("Mul", [t.emit("Mul", [d, d]), t.scalar(0.5 * scale / limit, n)])
@@ -849,24 +850,24 @@ def _quadratic_below(n: torch.fx.Node, t: Translator, limit: float, scale: float
 
 @op(aten.mse_loss.default)
 def _mse_loss(n: torch.fx.Node, t: Translator) -> str:
-    return _difference_loss(n, t, lambda d, a: t.emit("Mul", [d, d]))
+    return _difference_loss(n, t, lambda d: t.emit("Mul", [d, d]))
 
 
 @op(aten.l1_loss.default)
 def _l1_loss(n: torch.fx.Node, t: Translator) -> str:
-    return _difference_loss(n, t, lambda d, a: a)
+    return _difference_loss(n, t, lambda d: t.emit("Abs", [d]))
 
 
 @op(aten.smooth_l1_loss.default)
 def _smooth_l1_loss(n: torch.fx.Node, t: Translator) -> str:
-    beta = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("beta", 1.0))
+    beta = float(_arg(n, 3, "beta", 1.0))
     return _difference_loss(n, t, _quadratic_below(n, t, beta, 1.0))
 
 
 @op(aten.huber_loss.default)
 def _huber_loss(n: torch.fx.Node, t: Translator) -> str:
     # delta (|d| - delta / 2) = delta * smooth_l1 with beta = delta; 0.5 d^2 below delta.
-    delta = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("delta", 1.0))
+    delta = float(_arg(n, 3, "delta", 1.0))
     return _difference_loss(n, t, _quadratic_below(n, t, delta, delta))
 
 
@@ -968,7 +969,7 @@ def _logsumexp(n: torch.fx.Node, t: Translator) -> str:
 
 
 def _elu(t: Translator, n: torch.fx.Node, alpha: float, scale: float, input_scale: float) -> str:
-    """scale x above 0, scale alpha (e^(input_scale x) - 1) at or below it (torch's gradient at 0);
+    """scale x above 0, scale alpha expm1(input_scale x) at or below it (torch's gradient at 0);
     the exponential of x only where x <= 0, so the branch not taken never overflows (nor its
     gradient)."""
     x = t.value(n.args[0])
@@ -976,10 +977,7 @@ def _elu(t: Translator, n: torch.fx.Node, alpha: float, scale: float, input_scal
     below = t.emit("Where", [above, t.scalar(0.0, n), x])
     if input_scale != 1:
         below = t.emit("Mul", [below, t.scalar(input_scale, n)])
-    neg = t.emit(
-        "Mul",
-        [t.emit("Sub", [t.emit("Exp", [below]), t.scalar(1.0, n)]), t.scalar(scale * alpha, n)],
-    )
+    neg = t.emit("Mul", [t.emit("Expm1", [below], domain=GT), t.scalar(scale * alpha, n)])
     pos = t.emit("Mul", [x, t.scalar(scale, n)]) if scale != 1 else x
     return t.emit("Where", [above, pos, neg])
 
@@ -1178,8 +1176,10 @@ def _prelu(n: torch.fx.Node, t: Translator) -> str:
 
 @op(aten.index_select.default)
 def _index_select(n: torch.fx.Node, t: Translator) -> str:
-    x = n.args[0]
-    return t.emit("Gather", [t.value(x), t.value(n.args[2])], axis=axis(n.args[1], rank(x)))
+    x, index = n.args[0], t.value(n.args[2])
+    if rank(n.args[2]) == 0:  # one index keeps the dim, as a 1-element one
+        index = t.emit("Unsqueeze", [index, t.ints([0])])
+    return t.emit("Gather", [t.value(x), index], axis=axis(n.args[1], rank(x)))
 
 
 @op(aten.flip.default)
@@ -1254,6 +1254,8 @@ def _max_dim(n: torch.fx.Node, t: Translator) -> list[str]:
     """(values, indices) along dim: the index by ArgMax / ArgMin (the first of equals, a NaN
     first), the values gathered at it, so the gradient goes to that element alone, as torch's."""
     x = n.args[0]
+    if val(x).dtype != torch.float32:
+        t.unsupported(n, f"max / min along a dim of a {val(x).dtype} tensor")
     d = axis(n.args[1], rank(x))
     index = t.emit(
         "ArgMax" if n.target == aten.max.dim else "ArgMin", [t.value(x)], axis=d, keepdims=1
@@ -1268,6 +1270,8 @@ def _max_dim(n: torch.fx.Node, t: Translator) -> list[str]:
 def _argmax(n: torch.fx.Node, t: Translator) -> str:
     x, dim, keep = n.args[0], _arg(n, 1, "dim", None), bool(_arg(n, 2, "keepdim", False))
     op_type = "ArgMax" if n.target == aten.argmax.default else "ArgMin"
+    if val(x).dtype != torch.float32:
+        t.unsupported(n, f"{op_type.lower()} of a {val(x).dtype} tensor")
     if dim is None:  # over the flattened tensor
         if keep:
             t.unsupported(n, f"{op_type.lower()} over every dim with keepdim")
@@ -1280,6 +1284,8 @@ def _argmax(n: torch.fx.Node, t: Translator) -> str:
 def _max_all(n: torch.fx.Node, t: Translator) -> str:
     """The largest (smallest) element; its gradient shared among equals, as torch's."""
     op_type = "ReduceMax" if n.target == aten.max.default else "ReduceMin"
+    if val(n.args[0]).dtype != torch.float32:
+        t.unsupported(n, f"max / min of a {val(n.args[0]).dtype} tensor")
     return t.emit(op_type, [t.value(n.args[0])], keepdims=0)
 
 
