@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import graphtrain
 import graphtrain.engine as ge
-from onnx_util import node_model, run_graphtrain, run_node
+from onnx_util import node_model, run_graphtrain, run_node, run_ort
 
 rng = np.random.default_rng(0)
 
@@ -109,7 +109,51 @@ UNARY = [
     ("Tanh", np.tanh, None),
     ("Sigmoid", torch_fn(torch.sigmoid), None),
     ("Erf", torch_fn(torch.erf), None),
+    ("Softplus", torch_fn(F.softplus), lambda x: x * 20),
+    ("Floor", np.floor, None),
+    ("Ceil", np.ceil, None),
+    ("Round", np.rint, None),
 ]
+
+
+@pytest.mark.parametrize("op", ["Softplus", "Floor", "Ceil", "Round"])
+def test_rounding_and_softplus_match_onnxruntime(op):
+    """ONNX's own ops, against onnxruntime: Round takes halves to even; Softplus far from 0."""
+    x = np.concatenate([randn(64) * 30, np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.0], np.float32)])
+    model = node_model(op, {"x": x})
+    close(run_graphtrain(model, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=2e-6)
+
+
+@pytest.mark.parametrize("op, ref", [("Log1p", np.log1p), ("Expm1", np.expm1)])
+def test_log1p_expm1_are_exact_near_zero(op, ref):
+    """graphtrain's Log1p and Expm1 keep their precision where 1 + x and e^x round to 1."""
+    x = np.concatenate([randn(100) * 1e-6, np.maximum(randn(100), -0.9)]).astype(np.float32)
+    model = node_model(op, {"x": x}, domain="graphtrain")
+    model.opset_import.append(helper.make_opsetid("graphtrain", 1))
+    close(run_graphtrain(model, {"x": x})[0], ref(x.astype(np.float64)), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis, keep, last", [(1, 1, 0), (0, 0, 0), (-1, 0, 1), (2, 1, 1)])
+def test_arg_max_min_match_onnxruntime(op, axis, keep, last):
+    """Indices along an axis with ties (rounded values: the first of equals, or the last with
+    select_last_index), against onnxruntime and numpy."""
+    x = np.round(randn(3, 4, 5) * 2).astype(np.float32)
+    attrs = {"axis": axis, "keepdims": keep, "select_last_index": last}
+    model = node_model(op, {"x": x}, attrs, out_types=[TensorProto.INT64])
+    (out,) = run_graphtrain(model, {"x": x})
+    np.testing.assert_array_equal(out, run_ort(model, {"x": x})[0])
+    if not last:
+        ref = (np.argmax if op == "ArgMax" else np.argmin)(x, axis=axis)
+        np.testing.assert_array_equal(out, np.expand_dims(ref, axis) if keep else ref)
+
+
+def test_arg_max_takes_a_nan():
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 5.0, 5.0, 1.0]], np.float32)
+    model = node_model(
+        "ArgMax", {"x": x}, {"axis": 1, "keepdims": 0}, out_types=[TensorProto.INT64]
+    )
+    np.testing.assert_array_equal(run_graphtrain(model, {"x": x})[0], [1, 1])
 
 
 @pytest.mark.parametrize("op, ref, domain", UNARY)
