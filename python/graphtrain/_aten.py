@@ -871,6 +871,20 @@ def _huber_loss(n: torch.fx.Node, t: Translator) -> str:
     return _difference_loss(n, t, _quadratic_below(n, t, delta, delta))
 
 
+def _kept_targets(
+    t: Translator, target: Any, ignore: int, weight: Any, dtype: torch.dtype
+) -> tuple[str, str, str]:
+    """Class-index targets with ignore_index: (the targets with the ignored ones as 0, so they
+    index safely; 1 for a kept item and 0 for an ignored one; that times its target's class weight)
+    """
+    kept = t.emit("Not", [t.emit("Equal", [t.value(target), t.const(np.array(ignore, np.int64))])])
+    safe = t.emit("Where", [kept, t.value(target), t.const(np.array(0, np.int64))])
+    kept_f = t.emit("Cast", [kept], to=t.onnx_dtype(dtype))
+    if weight is None:
+        return safe, kept_f, kept_f
+    return safe, kept_f, t.emit("Mul", [kept_f, t.emit("Gather", [t.value(weight), safe])])
+
+
 @op(aten.nll_loss_nd.default)
 def _nll_loss(n: torch.fx.Node, t: Translator) -> str:
     """-logp[item, target] (times the class weight), 0 for ignore_index; the mean divides by the
@@ -878,15 +892,10 @@ def _nll_loss(n: torch.fx.Node, t: Translator) -> str:
     logp, target, weight = n.args[0], n.args[1], _arg(n, 2, "weight", None)
     if rank(logp) < 2:
         t.unsupported(n, "nll_loss on one item (log-probabilities of rank 1)")
-    ignore = t.const(np.array(_arg(n, 4, "ignore_index", -100), np.int64))
-    kept = t.emit("Not", [t.emit("Equal", [t.value(target), ignore])])
-    safe = t.emit("Where", [kept, t.value(target), t.const(np.array(0, np.int64))])
+    safe, _, coef = _kept_targets(t, target, _arg(n, 4, "ignore_index", -100), weight, val(n).dtype)
     picked = t.emit(
         "GatherElements", [t.value(logp), t.emit("Unsqueeze", [safe, t.ints([1])])], axis=1
     )
-    coef = t.emit("Cast", [kept], to=t.onnx_dtype(val(n).dtype))
-    if weight is not None:
-        coef = t.emit("Mul", [coef, t.emit("Gather", [t.value(weight), safe])])
     loss = t.emit("Mul", [t.emit("Neg", [t.emit("Squeeze", [picked, t.ints([1])])]), coef])
     reduction = _arg(n, 3, "reduction", 1)
     if reduction != 1:
@@ -1408,18 +1417,13 @@ def _cross_entropy(n: torch.fx.Node, t: Translator) -> str:
         return _reduced(t, t.emit("Neg", [per_item]), reduction)
     # Class indices with smoothing: (1 - e) nll + e / C * (-sum_c w_c logp_c), the second term 0
     # for ignored items and its mean over the weights of the kept targets (torch's)
-    kept = t.emit("Not", [t.emit("Equal", [t.value(target), t.const(np.array(ignore, np.int64))])])
-    kept_f = t.emit("Cast", [kept], to=t.onnx_dtype(val(scores).dtype))
+    _, kept, weights = _kept_targets(t, target, ignore, weight, val(scores).dtype)
     smooth = t.emit("ReduceSum", [logp, classes_axis], keepdims=0)
-    smooth = t.emit("Mul", [t.emit("Neg", [smooth]), kept_f])
+    smooth = t.emit("Mul", [t.emit("Neg", [smooth]), kept])
     if reduction == 1:
-        count = kept_f
-        if weight is not None:
-            safe = t.emit("Where", [kept, t.value(target), t.const(np.array(0, np.int64))])
-            count = t.emit("Mul", [count, t.emit("Gather", [t.value(weight), safe])])
         smooth = t.emit(
             "Div",
-            [t.emit("ReduceSum", [smooth], keepdims=0), t.emit("ReduceSum", [count], keepdims=0)],
+            [t.emit("ReduceSum", [smooth], keepdims=0), t.emit("ReduceSum", [weights], keepdims=0)],
         )
     elif reduction == 2:
         smooth = t.emit("ReduceSum", [smooth], keepdims=0)

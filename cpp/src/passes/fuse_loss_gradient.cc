@@ -32,12 +32,7 @@ size_t fuse_loss_gradient(Graph& graph) {
         !scores->type.shape || scores->type.shape->size() != 2 ||
         scores->type.dtype != DType::kFloat32)
       continue;
-    Node* fused_loss =
-        graph.add_node("SoftmaxCrossEntropyLoss", n->inputs(), {}, kGraphtrainDomain, n->name);
-    fused_loss->attributes = n->attributes;
-    fused_loss->scope = n->scope;
-    graph.move_output(n->output(0), fused_loss, 0);
-    graph.remove_node(n);
+    replace_node(graph, n, "SoftmaxCrossEntropyLoss", kGraphtrainDomain, n->inputs());
     ++fused;
   }
   return fused;

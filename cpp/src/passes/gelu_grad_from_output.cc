@@ -3,6 +3,7 @@
 // GELU(x) = x Phi(x), so Phi(x) = y / x: the gradient no longer evaluates erf's tail (or, for the
 // tanh form, the sigmoid's exponential). Nothing is stashed that was not already.
 #include "graphtrain/passes.h"
+#include "passes/pattern.h"
 
 namespace graphtrain {
 namespace {
@@ -59,12 +60,7 @@ size_t gelu_grad_from_output(Graph& graph) {
       continue;
     Value* y = gelu_output(graph, n);
     if (!y) continue;
-    Node* f =
-        graph.add_node("GeluGrad", {n->input(0), n->input(1), y}, {}, kGraphtrainDomain, n->name);
-    f->attributes = n->attributes;
-    f->scope = n->scope;
-    graph.move_output(n->output(0), f, 0);
-    graph.remove_node(n);
+    replace_node(graph, n, "GeluGrad", kGraphtrainDomain, {n->input(0), n->input(1), y});
     ++rewritten;
   }
   return rewritten;

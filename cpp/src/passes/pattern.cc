@@ -96,6 +96,16 @@ bool fusable_without_cycle(const std::vector<Node*>& nodes) {
   return true;
 }
 
+Node* replace_node(Graph& g, Node* n, const std::string& op_type, const std::string& domain,
+                   const std::vector<Value*>& inputs) {
+  Node* f = g.add_node(op_type, inputs, {}, domain, n->name);
+  f->attributes = n->attributes;
+  f->scope = n->scope;
+  g.move_output(n->output(0), f, 0);
+  g.remove_node(n);
+  return f;
+}
+
 bool is_graph_output(const Graph& g, const Value* v) {
   for (const Value* out : g.outputs())
     if (out == v) return true;

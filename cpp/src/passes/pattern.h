@@ -62,6 +62,12 @@ size_t rewrite_matches(Graph& graph, const Pattern& pattern,
 // its module's input, can read a shared inner value).
 bool fusable_without_cycle(const std::vector<Node*>& nodes);
 
+// Replaces `n` by a node of `op_type` in `domain` reading `inputs`, with n's name, attributes and
+// scope; n's output 0 (the value, its name and its readers) becomes the new node's output 0, and
+// n is removed (its other outputs must be unread). Returns the new node.
+Node* replace_node(Graph& g, Node* n, const std::string& op_type, const std::string& domain,
+                   const std::vector<Value*>& inputs);
+
 // Whether v is one of the graph's outputs.
 bool is_graph_output(const Graph& g, const Value* v);
 
