@@ -234,6 +234,31 @@ TEST(Tensor, FreedLargeBlocksAreReusedAndCounted) {
 #endif
 }
 
+// Of two cached blocks of one size, the one freed last serves the next request: it is the one
+// likeliest still in the caches.
+TEST(Tensor, TheBlockFreedLastIsReusedFirst) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer";
+#else
+  release_cached_memory();
+  void *older, *newer;
+  {
+    Tensor a = Tensor::empty(DType::kFloat32, {1 << 16});
+    Tensor b = Tensor::empty(DType::kFloat32, {1 << 16});
+    older = a.raw_data();
+    newer = b.raw_data();
+    a = Tensor();  // freed first
+  }                // b freed last
+  {
+    Tensor first = Tensor::empty(DType::kFloat32, {1 << 16});
+    Tensor second = Tensor::empty(DType::kFloat32, {1 << 16});
+    EXPECT_EQ(first.raw_data(), newer);
+    EXPECT_EQ(second.raw_data(), older);
+  }
+  release_cached_memory();  // the cache holds no more than tensors held at once: leave it empty
+#endif
+}
+
 // When a plan's arena is made, the blocks the recording run freed are released: they would sit
 // beside the arena unused.
 TEST(Tensor, ReleasingCachedMemoryEmptiesTheCache) {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -43,11 +44,16 @@ class BlockCache {
   }
 
   // A cached block of at least `bytes` and at most 1.25x that, or nullptr; *size is its size.
+  // Of the blocks of the smallest such size, the one freed last: the likeliest still in the
+  // caches (a stashed activation or a gradient written into lines a step has just read; gpt's
+  // training step at one thread, in-process A/B against the one freed first: GEMMs -0.07 to
+  // -0.24 ms, the step -0.17 to -0.19 ms).
   void* take(size_t bytes, size_t* size) {
     if (!enabled(bytes)) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.lower_bound(bytes);
     if (it == free_.end() || it->first > bytes + bytes / 4) return nullptr;
+    it = std::prev(free_.upper_bound(it->first));  // equal keys keep their insertion order
     *size = it->first;
     void* p = it->second;
     free_.erase(it);
