@@ -274,8 +274,12 @@ std::vector<std::vector<float>> run_all(Graph g, const std::vector<Shape>& shape
     inputs.push_back(t);
   }
   std::vector<std::vector<float>> out;
-  for (const Tensor& y : s.run(inputs))
-    out.emplace_back(y.data<float>(), y.data<float>() + y.numel());
+  for (const Tensor& y : s.run(inputs)) {
+    if (y.dtype() == DType::kBool)  // as 1s and 0s
+      out.emplace_back(y.data<bool>(), y.data<bool>() + y.numel());
+    else
+      out.emplace_back(y.data<float>(), y.data<float>() + y.numel());
+  }
   return out;
 }
 
@@ -543,6 +547,42 @@ TEST_F(PassesTest, EveryFusibleOpMatchesItsKernel) {
     SCOPED_TRACE(p);
     expect_near(run_all(std::move(g), {{2, 4, 6}}), before, 1e-6f);
   }
+}
+
+// Comparisons, logic, Where and Clip join a program: hardtanh as the ATen translation writes it
+// (Where(x strictly inside, x, Clip(x))) and a select by a bool mask made outside the group (read
+// as 1s and 0s); a comparison that something outside reads stays a bool output.
+TEST_F(PassesTest, FuseElementwiseTakesComparisonsAndWhere) {
+  Graph g = new_graph("select");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  Value* y = g.add_input("y", {DType::kFloat32, kBTC});
+  Value* lo = scalar(g, -1.0f);
+  Value* hi = scalar(g, 1.0f);
+  Value* inside = g.add_op("And", {g.add_op("Greater", {x, lo}), g.add_op("Less", {x, hi})});
+  Value* h = g.add_op("Where", {inside, x, g.add_op("Clip", {x, lo, hi})});
+  Value* mask = g.add_op("Cast", {y}, {{"to", Attribute::of(int64_t{9})}});  // bool: y != 0
+  Value* low = g.add_op("Min", {x, y});  // equal to x where x <= y: the comparisons' ties
+  Value* either = g.add_op("Or", {g.add_op("LessOrEqual", {x, low}), g.add_op("Not", {mask})});
+  Value* pick = g.add_op("Where", {either, h, g.add_op("Mul", {y, scalar(g, 2.0f)})});
+  g.add_output(pick);
+  g.add_output(inside);
+  g.add_output(g.add_op("Where", {g.add_op("Equal", {h, scalar(g, 0.5f)}), y, x}));
+  g.add_output(g.add_op("GreaterOrEqual", {x, low}));
+  // The inputs hold -1, 1 and 0.5 (the bounds and Equal's constant) in x and a 0 in y.
+  std::vector<Shape> shapes = {{2, 4, 6}, {2, 4, 6}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(fuse_elementwise(g), 1u);
+  EXPECT_EQ(count(g, "Cast"), 1u);  // the mask's maker stays; everything else is one node
+  EXPECT_EQ(g.num_nodes(), 2u);
+  Node* fused = g.outputs()[0]->producer();
+  ASSERT_EQ(fused->qualified_op(), "graphtrain::FusedElementwise");
+  infer_shapes(g);
+  EXPECT_EQ(g.outputs()[0]->type.dtype, DType::kFloat32);
+  EXPECT_EQ(g.outputs()[1]->type.dtype, DType::kBool);
+  EXPECT_EQ(g.outputs()[3]->type.dtype, DType::kBool);
+  auto after = run_all(std::move(g), shapes);
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t o = 0; o < after.size(); ++o) EXPECT_EQ(after[o], before[o]) << "output " << o;
 }
 
 TEST_F(PassesTest, ConstantFoldingComputesSmallConstantNodes) {

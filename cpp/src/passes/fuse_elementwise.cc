@@ -1,8 +1,9 @@
 // Pass fuse_elementwise: chains of float elementwise ops of one output shape become one
 // graphtrain::FusedElementwise node, whose kernel (kernels/cpu/fused_elementwise.cc) runs the whole
 // chain in one loop over the data: GELU's tanh form (Pow, Mul, Add, Tanh, ...) and its gradient,
-// bias + activation, scale + shift. Inputs of the chain may broadcast (a bias, a [B, T, 1] scale);
-// scalar constants become constants of the program.
+// bias + activation, scale + shift, a select by a comparison (hardtanh). Inputs of the chain may
+// broadcast (a bias, a [B, T, 1] scale); scalar constants become constants of the program. Bool
+// values (comparisons, logic, a mask from outside) are registers of 1s and 0s in the program.
 //
 // Nodes join a group in topological order: a node joins the group of one of its producers when
 // they have the same output shape and none of its other inputs depends on that group (which
@@ -21,11 +22,13 @@
 namespace graphtrain {
 namespace {
 
-// ONNX / graphtrain op -> the program's op name and the node inputs it reads.
+// ONNX / graphtrain op -> the program's op name and the node inputs it reads. `kinds`: what each
+// input and the output are, f float, b bool (a float input may also be a scalar constant).
 struct Fusible {
   const char* domain;
   const char* op;
   int inputs;
+  const char* kinds = "fff";
 };
 
 constexpr Fusible kFusible[] = {
@@ -55,6 +58,17 @@ constexpr Fusible kFusible[] = {
     {"graphtrain", "TanhGrad", 2},
     {"graphtrain", "LeakyReluGrad", 2},
     {"graphtrain", "GeluGrad", 2},
+    // Comparisons and logic make bool values, held in the program as 1s and 0s; Where reads them.
+    {"", "Less", 2, "ffb"},
+    {"", "Greater", 2, "ffb"},
+    {"", "LessOrEqual", 2, "ffb"},
+    {"", "GreaterOrEqual", 2, "ffb"},
+    {"", "Equal", 2, "ffb"},
+    {"", "And", 2, "bbb"},
+    {"", "Or", 2, "bbb"},
+    {"", "Not", 1, "bb"},
+    {"", "Where", 3, "bfff"},
+    {"", "Clip", 3, "ffff"},  // constant bounds only (below)
 };
 
 // A float scalar constant (initializer or Constant node) that can become a program constant.
@@ -65,8 +79,9 @@ const Tensor* scalar_constant(const Value* v) {
   return (d == DType::kFloat32 || d == DType::kInt64 || d == DType::kInt32) ? t : nullptr;
 }
 
-bool is_float_tensor(const Value* v) {
-  return v && v->type.dtype == DType::kFloat32 && v->type.shape.has_value();
+bool is_tensor(const Value* v, char kind) {
+  DType want = kind == 'b' ? DType::kBool : DType::kFloat32;
+  return v && v->type.dtype == want && v->type.shape.has_value();
 }
 
 // The program op of a node that can be fused, or "" (a node the pass leaves alone).
@@ -75,14 +90,18 @@ std::string program_op(const Node& n) {
   for (const Fusible& x : kFusible)
     if (n.op_type == x.op && n.domain == x.domain) f = &x;
   if (!f || n.inputs().size() != static_cast<size_t>(f->inputs) || n.outputs().size() != 1 ||
-      !is_float_tensor(n.output(0)))
+      !is_tensor(n.output(0), f->kinds[f->inputs]))
     return "";
   size_t rank = n.output(0)->type.shape->size();
   bool any_tensor = false;
   for (size_t i = 0; i < n.inputs().size(); ++i) {
     const Value* in = n.input(i);
-    if (const Tensor* c = scalar_constant(in); c && c->rank() <= rank) continue;
-    if (!is_float_tensor(in) || (n.op_type == "Pow" && i == 1)) return "";  // exponent: constant
+    if (const Tensor* c = scalar_constant(in); c && c->rank() <= rank && f->kinds[i] == 'f')
+      continue;
+    // A Pow's exponent and a Clip's bounds: constants.
+    if (!is_tensor(in, f->kinds[i]) || (n.op_type == "Pow" && i == 1) ||
+        (n.op_type == "Clip" && i > 0))
+      return "";
     any_tensor = true;
   }
   if (!any_tensor) return "";
@@ -270,6 +289,10 @@ class Fuser {
     fused->attributes["args"] = Attribute::of(args);
     if (!constants.empty()) fused->attributes["constants"] = Attribute::of(constants);
     fused->attributes["outputs"] = Attribute::of(output_regs);
+    std::vector<int64_t> bool_outputs;
+    for (size_t o = 0; o < outputs.size(); ++o)
+      if (outputs[o]->type.dtype == DType::kBool) bool_outputs.push_back(static_cast<int64_t>(o));
+    if (!bool_outputs.empty()) fused->attributes["bool_outputs"] = Attribute::of(bool_outputs);
     for (size_t o = 0; o < outputs.size(); ++o) graph_.move_output(outputs[o], fused, o);
     for (size_t k = group.members.size(); k-- > 0;) graph_.remove_node(group.members[k]);
     return true;

@@ -46,7 +46,8 @@ const std::vector<Pass>& pass_pipeline() {
        "Phi = Y / X, no erf tail (or exponential) to evaluate",
        gelu_grad_from_output},
       {"fuse_elementwise",
-       "chains of float elementwise ops of one shape run as one FusedElementwise loop",
+       "chains of float elementwise ops of one shape (comparisons and Where among them) run as "
+       "one FusedElementwise loop",
        fuse_elementwise},
   };
   return pipeline;

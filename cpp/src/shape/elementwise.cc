@@ -1,5 +1,7 @@
 // Shape inference: elementwise ops (unary, binary with broadcasting, Where, Cast) and the
 // gradient ops of activations.
+#include <algorithm>
+
 #include "graphtrain/ops.h"
 
 namespace graphtrain {
@@ -63,10 +65,16 @@ const bool registered = [] {
                          "LeakyRelu", "Gelu",       "Tanh",     "Sigmoid", "Erf",  "Not",  "Cos",
                          "Sin",       "Clip",       "Softplus", "Floor",   "Ceil", "Round"})
     register_shape_inferer("", op, [](InferenceContext& ctx) { infer_like_input(ctx); });
-  // Made by the fuse_elementwise pass: every output has the inputs' broadcast shape.
+  // Made by the fuse_elementwise pass: every output has the inputs' broadcast shape; float, or
+  // bool where attribute bool_outputs lists it.
   register_shape_inferer(kGraphtrainDomain, "FusedElementwise", [](InferenceContext& ctx) {
     std::optional<SymShape> shape = broadcast_inputs(ctx, 0, ctx.num_inputs());
-    for (size_t o = 0; o < ctx.num_outputs(); ++o) ctx.set_output(o, DType::kFloat32, shape);
+    std::vector<int64_t> bools;
+    if (ctx.node().has_attr("bool_outputs")) bools = ctx.node().attr_ints("bool_outputs");
+    for (size_t o = 0; o < ctx.num_outputs(); ++o) {
+      bool b = std::find(bools.begin(), bools.end(), static_cast<int64_t>(o)) != bools.end();
+      ctx.set_output(o, b ? DType::kBool : DType::kFloat32, shape);
+    }
   });
   for (const char* op : {"StopGradient", "Log1p", "Expm1"})
     register_shape_inferer(kGraphtrainDomain, op,

@@ -3,7 +3,11 @@
 //   registers: the inputs (broadcast to the output shape), then `constants`, then one per
 //   instruction (instruction k writes register inputs + constants + k);
 //   `ops` (one op name per instruction), `args` (three register indices per instruction, -1 when
-//   unused), `outputs` (the register each output holds).
+//   unused), `outputs` (the register each output holds), `bool_outputs` (the outputs that are bool
+//   tensors, optional).
+// Comparisons and logic (Less, Greater, LessOrEqual, GreaterOrEqual, Equal, And, Or, Not) write
+// registers of 1s and 0s, which Where reads as its condition; bool inputs are read as 1 and 0, and
+// bool outputs written from such registers.
 // The data is walked in blocks of kBlock elements; each instruction runs over a block at a time,
 // so intermediates stay in the cache and only the outputs are written to memory.
 #include <cmath>
@@ -48,7 +52,17 @@ enum class Code {
   kTanhGrad,
   kLeakyReluGrad,
   kGeluGrad,
-  kGeluTanhGrad
+  kGeluTanhGrad,
+  kLess,
+  kGreater,
+  kLessOrEqual,
+  kGreaterOrEqual,
+  kEqual,
+  kAnd,
+  kOr,
+  kNot,
+  kWhere,
+  kClip
 };
 
 struct OpName {
@@ -87,6 +101,16 @@ constexpr OpName kOps[] = {
     {"LeakyReluGrad", Code::kLeakyReluGrad, 3},  // dy, x, alpha
     {"GeluGrad", Code::kGeluGrad, 2},
     {"GeluTanhGrad", Code::kGeluTanhGrad, 2},
+    {"Less", Code::kLess, 2},
+    {"Greater", Code::kGreater, 2},
+    {"LessOrEqual", Code::kLessOrEqual, 2},
+    {"GreaterOrEqual", Code::kGreaterOrEqual, 2},
+    {"Equal", Code::kEqual, 2},
+    {"And", Code::kAnd, 2},
+    {"Or", Code::kOr, 2},
+    {"Not", Code::kNot, 1},
+    {"Where", Code::kWhere, 3},  // condition, x, y
+    {"Clip", Code::kClip, 3},    // x, min, max
 };
 
 template <typename F>
@@ -94,6 +118,20 @@ inline void map2(const float* a, const float* b, float* d, int64_t n, F f) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) vec::store(d + i, f(vec::load(a + i), vec::load(b + i)));
   for (; i < n; ++i) d[i] = f(a[i], b[i]);
+}
+
+template <typename F>
+inline void map3(const float* a, const float* b, const float* c, float* d, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    vec::store(d + i, f(vec::load(a + i), vec::load(b + i), vec::load(c + i)));
+  for (; i < n; ++i) d[i] = f(a[i], b[i], c[i]);
+}
+
+// 1 where the comparison holds, else 0, for a float or a vector of them.
+template <typename T, typename M>
+inline T one_where(M holds) {
+  return holds ? T{} + 1.0f : T{};
 }
 
 template <typename F>
@@ -149,6 +187,12 @@ class FusedElementwise : public OpKernel {
     }
     for (int64_t r : outputs_)
       if (r < 0 || r >= n_regs) fail(str_cat("output register ", r));
+    bool_output_.assign(outputs_.size(), false);
+    if (node.has_attr("bool_outputs"))
+      for (int64_t o : node.attr_ints("bool_outputs")) {
+        if (o < 0 || o >= static_cast<int64_t>(outputs_.size())) fail(str_cat("bool output ", o));
+        bool_output_[static_cast<size_t>(o)] = true;
+      }
     // Constant registers: blocks of the value, read like any input.
     const_blocks_.resize(constants_.size() * kBlock);
     for (size_t c = 0; c < constants_.size(); ++c)
@@ -157,25 +201,30 @@ class FusedElementwise : public OpKernel {
 
   void compute(KernelContext& ctx) override {
     std::vector<const Shape*> shapes;
-    std::vector<const float*> in_data;
+    std::vector<const void*> in_data;
+    std::vector<bool> in_bool;
     for (int i = 0; i < n_inputs_; ++i) {
       const Tensor& t = ctx.input(static_cast<size_t>(i));
-      if (t.dtype() != F32) ctx.fail(str_cat("input ", i, " must be float32, got ", t.describe()));
+      if (t.dtype() != F32 && t.dtype() != DType::kBool)
+        ctx.fail(str_cat("input ", i, " must be float32 or bool, got ", t.describe()));
       shapes.push_back(&t.shape());
-      in_data.push_back(t.data<float>());
+      in_data.push_back(t.raw_data());
+      in_bool.push_back(t.dtype() == DType::kBool);
     }
     Broadcaster bc(ctx, shapes);
-    std::vector<float*> out_data;
+    std::vector<void*> out_data;
     for (size_t o = 0; o < outputs_.size(); ++o)
-      out_data.push_back(ctx.allocate_output(o, F32, bc.out_shape()).data<float>());
+      out_data.push_back(
+          ctx.allocate_output(o, bool_output_[o] ? DType::kBool : F32, bc.out_shape()).raw_data());
     const int64_t inner = bc.inner();
     const int64_t per_row = (inner + kBlock - 1) / kBlock;
     const int64_t items = bc.rows() * per_row;
     const int n_const = static_cast<int>(constants_.size());
     const int n_regs = n_inputs_ + n_const + static_cast<int>(program_.size());
-    // Output register -> output index (the instruction writes straight into the output).
+    // Output register -> float output index (the instruction writes straight into the output).
     std::vector<int> out_of(static_cast<size_t>(n_regs), -1);
-    for (size_t o = 0; o < outputs_.size(); ++o) out_of[static_cast<size_t>(outputs_[o])] = int(o);
+    for (size_t o = 0; o < outputs_.size(); ++o)
+      if (!bool_output_[o]) out_of[static_cast<size_t>(outputs_[o])] = int(o);
     const int64_t cost = static_cast<int64_t>(program_.size()) * 2;
 
     parallel_for(ctx, items, kBlock * cost, [&](int64_t lo, int64_t hi) {
@@ -192,7 +241,18 @@ class FusedElementwise : public OpKernel {
         int64_t n = std::min(kBlock, inner - start);
         bc.offsets(row, off.data());
         for (int i = 0; i < n_inputs_; ++i) {
-          const float* p = in_data[static_cast<size_t>(i)] + off[static_cast<size_t>(i)];
+          const int64_t at = off[static_cast<size_t>(i)];
+          if (in_bool[static_cast<size_t>(i)]) {  // read as 1s and 0s
+            const bool* p = static_cast<const bool*>(in_data[static_cast<size_t>(i)]) + at;
+            float* s = scratch.data() + static_cast<size_t>(i) * kBlock;
+            if (bc.inner_stride(static_cast<size_t>(i)) == 1)
+              for (int64_t q = 0; q < n; ++q) s[q] = p[start + q] ? 1.0f : 0.0f;
+            else
+              std::fill_n(s, n, p[0] ? 1.0f : 0.0f);
+            reg[static_cast<size_t>(i)] = s;
+            continue;
+          }
+          const float* p = static_cast<const float*>(in_data[static_cast<size_t>(i)]) + at;
           if (bc.inner_stride(static_cast<size_t>(i)) == 1) {
             reg[static_cast<size_t>(i)] = p + start;
             for (int64_t q = 0; q < n; q += 16) vec::prefetch(p + start + q);  // 2 blocks ahead
@@ -204,9 +264,9 @@ class FusedElementwise : public OpKernel {
         }
         for (int r = n_inputs_ + n_const; r < n_regs; ++r) {
           int o = out_of[static_cast<size_t>(r)];
-          dst[static_cast<size_t>(r)] = o >= 0
-                                            ? out_data[static_cast<size_t>(o)] + row * inner + start
-                                            : scratch.data() + static_cast<size_t>(r) * kBlock;
+          dst[static_cast<size_t>(r)] =
+              o >= 0 ? static_cast<float*>(out_data[static_cast<size_t>(o)]) + row * inner + start
+                     : scratch.data() + static_cast<size_t>(r) * kBlock;
           reg[static_cast<size_t>(r)] = dst[static_cast<size_t>(r)];
         }
         for (size_t k = 0; k < program_.size(); ++k) {
@@ -223,12 +283,18 @@ class FusedElementwise : public OpKernel {
               in.b >= 0 ? reg[static_cast<size_t>(in.b)] : nullptr,
               in.c >= 0 ? reg[static_cast<size_t>(in.c)] : nullptr, d, n);
         }
-        // An output that is an input or a constant register (a pass-through) is copied.
+        // A bool output is written from its register; an output that is an input or a constant
+        // register (a pass-through) is copied.
         for (size_t o = 0; o < outputs_.size(); ++o) {
           int r = static_cast<int>(outputs_[o]);
-          if (r < n_inputs_ + n_const)
-            std::memcpy(out_data[o] + row * inner + start, reg[static_cast<size_t>(r)],
+          const float* v = reg[static_cast<size_t>(r)];
+          if (bool_output_[o]) {
+            bool* out = static_cast<bool*>(out_data[o]) + row * inner + start;
+            for (int64_t q = 0; q < n; ++q) out[q] = v[q] != 0.0f;
+          } else if (r < n_inputs_ + n_const) {
+            std::memcpy(static_cast<float*>(out_data[o]) + row * inner + start, v,
                         static_cast<size_t>(n) * sizeof(float));
+          }
         }
       }
     });
@@ -297,6 +363,28 @@ class FusedElementwise : public OpKernel {
         return vec_apply(VecOp::kGeluGrad, a, b, d, n);
       case Code::kGeluTanhGrad:
         return vec_apply(VecOp::kGeluTanhGrad, a, b, d, n);
+      case Code::kLess:
+        return map2(a, b, d, n, [](auto x, auto y) { return one_where<decltype(x)>(x < y); });
+      case Code::kGreater:
+        return map2(a, b, d, n, [](auto x, auto y) { return one_where<decltype(x)>(x > y); });
+      case Code::kLessOrEqual:
+        return map2(a, b, d, n, [](auto x, auto y) { return one_where<decltype(x)>(x <= y); });
+      case Code::kGreaterOrEqual:
+        return map2(a, b, d, n, [](auto x, auto y) { return one_where<decltype(x)>(x >= y); });
+      case Code::kEqual:
+        return map2(a, b, d, n, [](auto x, auto y) { return one_where<decltype(x)>(x == y); });
+      case Code::kAnd:  // registers of 1s and 0s
+        return map2(a, b, d, n, [](auto x, auto y) { return x * y; });
+      case Code::kOr:
+        return map2(a, b, d, n,
+                    [](auto x, auto y) { return one_where<decltype(x)>(x + y > 0.0f); });
+      case Code::kNot:
+        return vec::map(a, d, n, [](auto x) { return 1.0f - x; });
+      case Code::kWhere:
+        return map3(a, b, c, d, n, [](auto m, auto x, auto y) { return m != 0.0f ? x : y; });
+      case Code::kClip:  // the Clip kernel's: NaN passes through
+        return map3(a, b, c, d, n,
+                    [](auto x, auto lo, auto hi) { return x < lo ? lo : (x > hi ? hi : x); });
     }
   }
 
@@ -305,6 +393,7 @@ class FusedElementwise : public OpKernel {
   std::vector<float> constants_;
   std::vector<float> const_blocks_;
   std::vector<int64_t> outputs_;
+  std::vector<bool> bool_output_;  // per output
 };
 
 // Output o may be written over input i when the instruction that writes o is the last to read i
@@ -337,7 +426,7 @@ InPlacePairs fused_in_place(const Node& node) {
 
 const bool registered = [] {
   register_stateful_kernel(
-      GT, "FusedElementwise", {F32},
+      GT, "FusedElementwise", {F32, DType::kBool},
       [](const Node& node) { return std::make_unique<FusedElementwise>(node); }, fused_in_place);
   return true;
 }();
