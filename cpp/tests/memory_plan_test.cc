@@ -3,6 +3,7 @@
 // (results, tensors given to a callback) overwritten by a later run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -100,6 +101,33 @@ TEST(MemoryPlan, InPlaceOutputTakesItsDyingInputsBytes) {
   EXPECT_NE(p.offsets[6], p.offsets[4]);
 }
 
+// A buffer that outlives the run (a result, a stashed value) written in place over a dying input
+// takes over that input's storage: both are allocated apart, the arena has neither.
+TEST(MemoryPlan, AResultTakesOverItsDyingInput) {
+  std::vector<BufferUse> b = {use(256, 0, 1), use(256, 1, 3, 0), use(512, 0, 2)};
+  b[1].outside = true;
+  MemoryPlan plan = plan_memory(b);
+  expect_valid(b, plan);
+  EXPECT_EQ(plan.takes[1], 0);
+  EXPECT_TRUE(plan.lent[0]);
+  EXPECT_EQ(plan.offsets[0], -1);
+  EXPECT_EQ(plan.inplace, 1u);
+  EXPECT_EQ(plan.planned_bytes, 512u);  // buffer 2 alone
+  EXPECT_EQ(plan.arena_bytes, 512u);
+
+  // Not taken over: an input already written in place over another (it shares that one's arena
+  // bytes), one that lives on, one of another size.
+  std::vector<BufferUse> no = {use(256, 0, 1),   use(256, 1, 2, 0), use(256, 2, 3, 1),
+                               use(256, 0, 4),   use(256, 1, 3, 3), use(128, 0, 1),
+                               use(256, 1, 2, 5)};
+  for (size_t i : {2u, 4u, 6u}) no[i].outside = true;
+  MemoryPlan p = plan_memory(no);
+  expect_valid(no, p);
+  for (size_t i = 0; i < no.size(); ++i) EXPECT_EQ(p.takes[i], -1) << "buffer " << i;
+  EXPECT_EQ(p.inplace, 1u);  // buffer 1 over buffer 0, in the arena
+  EXPECT_EQ(p.offsets[1], p.offsets[0]);
+}
+
 // x -> Exp -> Mul(c) -> Sigmoid -> Neg -> Softmax: each elementwise node may write over its
 // input, which dies there.
 Graph elementwise_chain() {
@@ -150,6 +178,45 @@ TEST_F(PlannedSession, SameResultsAsFreshTensorsWithElementwiseNodesInPlace) {
   EXPECT_EQ(plan->inplace, 3u);  // Mul, Sigmoid and Neg over their inputs (Exp's input is x)
   EXPECT_EQ(plan->arena_bytes, 3u * 64 * 4);
   EXPECT_EQ(plan->outside_bytes, 3u * 64 * 4);  // the result
+}
+
+// x -> Exp -> Neg, Neg's output the result: Neg writes it over Exp's output, which dies there, so
+// that intermediate is allocated apart and becomes the result; results stay the fresh run's, and
+// each run's result survives the next.
+TEST_F(PlannedSession, AResultWrittenInPlaceTakesOverItsInput) {
+  auto graph = [] {
+    Graph g;
+    g.name = "exp_neg";
+    g.opset_imports[""] = 18;
+    Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("n"), SymDim(64)}});
+    Node* out = g.add_node("Neg", {g.add_op("Exp", {x})}, {"y"});
+    g.add_output(out->outputs()[0]);
+    return g;
+  };
+  Options::global().set("disable_passes", "memory_plan");
+  Session fresh(graph());
+  Options::global().reload();
+  Session planned(graph());
+  std::vector<Tensor> kept;
+  std::vector<std::vector<float>> expect;
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = input(100, static_cast<float>(i));
+    kept.push_back(planned.run({x})[0]);
+    expect.push_back(values(fresh.run({x})[0]));
+    EXPECT_EQ(values(kept.back()), expect.back()) << "run " << i;
+  }
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(values(kept[i]), expect[i]) << "run " << i;
+  const MemoryPlan* plan = planned.memory_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(plan->inplace, 1u);
+  EXPECT_EQ(plan->arena_bytes, 0u);
+  EXPECT_EQ(std::count(plan->takes.begin(), plan->takes.end(), 0), 1);
+  // A planned run holds one buffer of 100 x 64 floats at most, not Exp's and the result's.
+  Tensor x = input(100, 9.0f);
+  const int64_t held = memory_stats().current_bytes;
+  reset_peak_memory();
+  Tensor y = planned.run({x})[0];
+  EXPECT_EQ(memory_stats().peak_bytes - held, 100 * 64 * 4);
 }
 
 TEST_F(PlannedSession, ResultsOfOneRunSurviveTheNext) {

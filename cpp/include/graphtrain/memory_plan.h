@@ -32,12 +32,18 @@ struct MemoryPlan {
   size_t planned_bytes = 0;      // the planned buffers' sizes added up
   size_t inplace = 0;            // buffers placed over their input
   size_t outside_bytes = 0;      // bytes of the buffers left out of the arena
+  // Per buffer left out of the arena that a kernel writes in place over a dying input (an output
+  // or stashed value that takes over its input's bytes): that input's buffer, then allocated
+  // apart too (the arena's bytes are the next run's). -1: none.
+  std::vector<int> takes;
+  std::vector<bool> lent;  // per buffer: some buffer takes it over
 };
 
 // Offsets are multiples of kArenaAlignment. Buffers whose [first_step, last_step] overlap get
 // disjoint bytes, except a buffer placed in place over the one it names, which ends where it
-// starts. Greedy by size: the largest buffers are placed first, each at the lowest offset that
-// is free for its whole lifetime.
+// starts. A buffer that outlives the run takes over the one it names (`takes`) when that one is
+// no other buffer's in-place input or output. Greedy by size: the largest buffers are placed first,
+// each at the lowest offset that is free for its whole lifetime.
 inline constexpr size_t kArenaAlignment = 64;
 MemoryPlan plan_memory(const std::vector<BufferUse>& buffers);
 

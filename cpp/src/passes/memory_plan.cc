@@ -16,6 +16,8 @@ struct Group {
   size_t first = 0, last = 0, bytes = 0;
   int tail = -1;  // the member a further in-place output may take over
   int64_t offset = -1;
+  int members = 1;
+  bool apart = false;  // taken over by a buffer that outlives the run: allocated apart, with it
 };
 
 }  // namespace
@@ -23,29 +25,48 @@ struct Group {
 MemoryPlan plan_memory(const std::vector<BufferUse>& buffers) {
   MemoryPlan plan;
   plan.offsets.assign(buffers.size(), -1);
+  plan.takes.assign(buffers.size(), -1);
+  plan.lent.assign(buffers.size(), false);
   std::vector<int> group_of(buffers.size(), -1);
   std::vector<Group> groups;
   for (size_t b = 0; b < buffers.size(); ++b) {
     const BufferUse& use = buffers[b];
-    if (use.outside) {
-      plan.outside_bytes += use.bytes;
-      continue;
-    }
-    plan.planned_bytes += use.bytes;
-    int a = use.inplace_of;
+    // The group of the dying input this buffer may be written over, where it is its last member.
+    const int a = use.inplace_of;
+    Group* from_group = nullptr;
     if (a >= 0 && static_cast<size_t>(a) < b && group_of[static_cast<size_t>(a)] >= 0) {
       Group& g = groups[static_cast<size_t>(group_of[static_cast<size_t>(a)])];
       const BufferUse& from = buffers[static_cast<size_t>(a)];
-      if (g.tail == a && from.last_step == use.first_step && from.bytes == use.bytes) {
-        g.last = std::max(g.last, use.last_step);
-        g.tail = static_cast<int>(b);
-        group_of[b] = group_of[static_cast<size_t>(a)];
+      if (g.tail == a && from.last_step == use.first_step && from.bytes == use.bytes)
+        from_group = &g;
+    }
+    if (use.outside) {
+      plan.outside_bytes += use.bytes;
+      // A result written in place over a dying input (an elementwise kernel's output that is
+      // stashed, a gradient summed into its last term): an input that shares no bytes with
+      // another buffer leaves the arena, whose bytes are the next run's, and the result takes
+      // over its storage.
+      if (from_group && from_group->members == 1) {
+        from_group->apart = true;
+        from_group->tail = -1;
+        plan.takes[b] = a;
+        plan.lent[static_cast<size_t>(a)] = true;
+        plan.planned_bytes -= buffers[static_cast<size_t>(a)].bytes;
         ++plan.inplace;
-        continue;
       }
+      continue;
+    }
+    plan.planned_bytes += use.bytes;
+    if (from_group) {
+      from_group->last = std::max(from_group->last, use.last_step);
+      from_group->tail = static_cast<int>(b);
+      ++from_group->members;
+      group_of[b] = group_of[static_cast<size_t>(a)];
+      ++plan.inplace;
+      continue;
     }
     group_of[b] = static_cast<int>(groups.size());
-    groups.push_back({use.first_step, use.last_step, round_up(use.bytes), static_cast<int>(b), -1});
+    groups.push_back({use.first_step, use.last_step, round_up(use.bytes), static_cast<int>(b)});
   }
 
   std::vector<size_t> order(groups.size());
@@ -58,6 +79,7 @@ MemoryPlan plan_memory(const std::vector<BufferUse>& buffers) {
   std::vector<std::pair<size_t, size_t>> busy;  // [offset, end) of the placed groups alive at once
   for (size_t gi : order) {
     Group& g = groups[gi];
+    if (g.apart) continue;
     busy.clear();
     for (size_t pi : placed) {
       const Group& p = groups[pi];

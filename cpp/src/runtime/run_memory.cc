@@ -84,6 +84,7 @@ RunMemory::RunMemory(SessionMemory& memory, const std::string& graph_name,
   binding_ = &it->second;
   memory_.last = key_;
   placed_.assign(binding_->uses.size(), false);
+  lent_.assign(binding_->uses.size(), nullptr);
   if (binding_->plan.arena_bytes > 0) workspace_ = workspaces().take(binding_->plan.arena_bytes);
 }
 
@@ -139,8 +140,21 @@ Tensor RunMemory::allocate(size_t output, DType dtype, Shape shape) {
         return workspace_->place(static_cast<size_t>(offset), dtype, std::move(shape));
       }
     }
+    const std::vector<int>& takes = binding_->plan.takes;
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    if (b >= 0 && takes[static_cast<size_t>(b)] >= 0) {  // over the storage of a dying input
+      std::shared_ptr<Storage> s =
+          std::move(lent_[static_cast<size_t>(takes[static_cast<size_t>(b)])]);
+      if (s && s->bytes() >= bytes && bytes == binding_->uses[static_cast<size_t>(b)].bytes)
+        return Tensor::borrow(s->data(), dtype, std::move(shape), [s] {});
+      ++misses_;
+      return Tensor::empty(dtype, std::move(shape));
+    }
     if (b < 0 || offset >= 0) ++misses_;  // not what the recording run allocated here
-    return Tensor::empty(dtype, std::move(shape));
+    Tensor t = Tensor::empty(dtype, std::move(shape));
+    if (b >= 0 && binding_->plan.lent[static_cast<size_t>(b)])
+      lent_[static_cast<size_t>(b)] = t.storage();
+    return t;
   }
   Tensor t = Tensor::empty(dtype, std::move(shape));
   if (mode_ != Mode::kRecord) return t;

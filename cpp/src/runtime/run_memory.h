@@ -3,10 +3,11 @@
 // The first run for a binding of input shapes records: outputs are fresh tensors, and each one's
 // size, lifetime (by its storage, so views count) and in-place chance are noted; what is still
 // alive after the run (graph outputs, stashed values) or was handed to a callback node stays out
-// of the plan. plan_memory lays the rest out in an arena. Later runs with the same shapes place
-// those outputs in a workspace arena shared by all sessions of the process (runs do not overlap
-// it: each takes one from a pool). If a placed tensor is still held after the run, the workspace
-// is left to its holder and the plan is recorded again.
+// of the plan, except that such a buffer written in place over a dying input takes over that
+// input's storage (plan.takes: both allocated apart). plan_memory lays the rest out in an arena.
+// Later runs with the same shapes place those outputs in a workspace arena shared by all sessions
+// of the process (runs do not overlap it: each takes one from a pool). If a placed tensor is
+// still held after the run, the workspace is left to its holder and the plan is recorded again.
 #pragma once
 
 #include <map>
@@ -75,6 +76,9 @@ class RunMemory : public OutputAllocator {
   SessionMemory::Binding* binding_ = nullptr;
   std::shared_ptr<Arena> workspace_;
   std::vector<bool> placed_;  // per buffer: placed in this run already
+  // Per buffer: the storage of one allocated apart that a result will take over (plan.takes),
+  // from its allocation to that result's.
+  std::vector<std::shared_ptr<Storage>> lent_;
   size_t misses_ = 0;
 };
 
