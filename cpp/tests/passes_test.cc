@@ -110,11 +110,10 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "recognize_attention",
-                                             "fuse_loss_gradient", "identities", "constant_folding",
-                                             "dead_code", "fold_transposes", "fuse_softmax",
-                                             "fuse_layer_norm", "gelu_grad_from_output",
-                                             "fuse_bias_gradient", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "recognize_gelu", "recognize_attention", "fuse_loss_gradient", "identities",
+                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
+                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
   ASSERT_EQ(before.size(), 3u);
@@ -124,7 +123,7 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
-  ASSERT_EQ(ran.size(), 9u);
+  ASSERT_EQ(ran.size(), 8u);
   EXPECT_EQ(ran[0], (std::pair<std::string, size_t>{"identities", 2}));
   EXPECT_EQ(ran[1], (std::pair<std::string, size_t>{"constant_folding", 0}));
   EXPECT_EQ(ran[2], (std::pair<std::string, size_t>{"dead_code", 1}));
@@ -132,13 +131,12 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   EXPECT_EQ(ran[4], (std::pair<std::string, size_t>{"fuse_softmax", 0}));
   EXPECT_EQ(ran[5], (std::pair<std::string, size_t>{"fuse_layer_norm", 0}));
   EXPECT_EQ(ran[6], (std::pair<std::string, size_t>{"gelu_grad_from_output", 0}));
-  EXPECT_EQ(ran[7], (std::pair<std::string, size_t>{"fuse_bias_gradient", 0}));
-  EXPECT_EQ(ran[8], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
+  EXPECT_EQ(ran[7], (std::pair<std::string, size_t>{"fuse_elementwise", 1}));  // Relu + Add
 
   Options::global().set("disable_passes", " dead_code , fuse_elementwise");
   Graph h = chain();
   ran = optimize_graph(h, "test");
-  ASSERT_EQ(ran.size(), 7u);
+  ASSERT_EQ(ran.size(), 6u);
   EXPECT_EQ(ran[0].first, "identities");
   EXPECT_EQ(ran[1].first, "constant_folding");
   EXPECT_EQ(ran[2].first, "fold_transposes");
@@ -241,7 +239,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
                        "identities, "
                        "constant_folding, dead_code, "
                        "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, "
-                       "fuse_bias_gradient, fuse_elementwise, "
+                       "fuse_elementwise, "
                        "memory_plan"),
               std::string::npos);
   }
@@ -423,61 +421,6 @@ TEST_F(PassesTest, GeluGradFromOutputReadsAStashedView) {
       EXPECT_NEAR(after[o].data<float>()[k], before[o].data<float>()[k],
                   2e-6f * (1.0f + std::fabs(before[o].data<float>()[k])))
           << "output " << o << " element " << k;
-}
-
-// The gradient of a bias before a GELU: a ReduceSum of GeluGrad's dX over all but the last axis
-// (directly, and as transformers' Conv1D takes it, through a [tokens, features] Reshape) becomes
-// GeluGrad's output 1, with the same bits as the ReduceSum; other sums stay.
-TEST_F(PassesTest, FuseBiasGradientSumsInTheGeluGrad) {
-  for (bool through_view : {false, true}) {
-    for (bool from_output : {false, true}) {
-      Graph g = new_graph("bias_grad");
-      Value* dy = g.add_input("dy", {DType::kFloat32, kBTC});
-      Value* x = g.add_input("x", {DType::kFloat32, kBTC});
-      std::vector<Value*> ins = {dy, x};
-      if (from_output) ins.push_back(g.add_op("Gelu", {x}));
-      Value* dx = g.add_op("GeluGrad", ins, {}, GT);
-      Value* summed = dx;
-      if (through_view) {
-        Tensor to = Tensor::from_vector<int64_t>(DType::kInt64, {2}, {-1, 6});
-        summed = g.add_op("Reshape", {dx, g.add_initializer("to", to)});
-      }
-      std::vector<int64_t> leading =
-          through_view ? std::vector<int64_t>{0} : std::vector<int64_t>{0, -2};
-      Value* axes =
-          g.add_initializer(g.unique_name("axes"),
-                            Tensor::from_vector<int64_t>(
-                                DType::kInt64, {static_cast<int64_t>(leading.size())}, leading));
-      g.add_output(
-          g.add_op("ReduceSum", {summed, axes}, {{"keepdims", Attribute::of(int64_t{0})}}));
-      g.add_output(g.add_op("Neg", {dx}));  // dX has other readers (the weight's gradient)
-      // Sums that stay: over the rows only (keepdims 1), and over the last axis.
-      Value* rows_kept =
-          g.add_op("ReduceSum", {dx, axes}, {{"keepdims", Attribute::of(int64_t{1})}});
-      g.add_output(rows_kept);
-      g.add_output(
-          g.add_op("ReduceSum",
-                   {dx, g.add_initializer(g.unique_name("last"),
-                                          Tensor::from_vector<int64_t>(DType::kInt64, {1}, {2}))},
-                   {{"keepdims", Attribute::of(int64_t{0})}}));
-      SCOPED_TRACE(std::string("view ") + (through_view ? "1" : "0") + ", from output " +
-                   (from_output ? "1" : "0"));
-      // 140 rows: two blocks of 64 and a partial one.
-      std::vector<Shape> shapes = {{35, 4, 6}, {35, 4, 6}};
-      auto before = run_all(clone_graph(g), shapes);
-      EXPECT_EQ(fuse_bias_gradient(g), 1u);
-      EXPECT_EQ(count(g, "ReduceSum"), 2u);
-      EXPECT_EQ(count(g, "Reshape"), 0u);  // the view read by the sum alone goes too
-      Node* grad = dx->producer();
-      ASSERT_EQ(grad->outputs().size(), 2u);
-      EXPECT_EQ(grad->output(1), g.outputs()[0]);
-      infer_shapes(g);
-      EXPECT_EQ(*g.outputs()[0]->type.shape, SymShape{SymDim(6)});
-      auto after = run_all(std::move(g), shapes);
-      ASSERT_EQ(after.size(), before.size());
-      for (size_t o = 0; o < after.size(); ++o) EXPECT_EQ(after[o], before[o]) << "output " << o;
-    }
-  }
 }
 
 TEST_F(PassesTest, FusedBiasGeluMatchesItsKernelsBitForBit) {

@@ -85,9 +85,6 @@ size_t fuse_layer_norm(Graph& graph);
 // A GeluGrad(dY, X) whose forward GELU output (attribute forward_output) is a graph input of the
 // same shape takes it as input 2 (Phi = Y / X); returns how many did.
 size_t gelu_grad_from_output(Graph& graph);
-// A bias's gradient (ReduceSum over all but the last axis) of GeluGrad's output becomes GeluGrad's
-// output 1, summed from the rows as the kernel writes them.
-size_t fuse_bias_gradient(Graph& graph);
 
 // Chains of float elementwise ops of one shape become graphtrain::FusedElementwise nodes (one loop
 // over the data); returns how many fused nodes were made.

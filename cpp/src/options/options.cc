@@ -111,8 +111,7 @@ std::vector<OptionSpec> Options::builtin_specs() {
       spec("disable_passes", T::kString, "", "GRAPHTRAIN_DISABLE_PASSES",
            "Comma-separated passes not to run: recognize_gelu, recognize_attention, "
            "fuse_loss_gradient, identities, constant_folding, dead_code, fold_transposes, "
-           "fuse_softmax, fuse_layer_norm, gelu_grad_from_output, fuse_bias_gradient, "
-           "fuse_elementwise, memory_plan "
+           "fuse_softmax, fuse_layer_norm, gelu_grad_from_output, fuse_elementwise, memory_plan "
            "(passes)."),
       spec("save_onnx_path", T::kPath, "", "GRAPHTRAIN_SAVE_ONNX_PATH",
            "Folder where captured and optimized graphs are saved as .onnx files; empty saves none "

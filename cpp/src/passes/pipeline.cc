@@ -45,10 +45,6 @@ const std::vector<Pass>& pass_pipeline() {
        "a GeluGrad reads its GELU's output (or a view of it) where the backward reads it anyway: "
        "Phi = Y / X, no erf tail (or exponential) to evaluate",
        gelu_grad_from_output},
-      {"fuse_bias_gradient",
-       "the gradient of the bias before a GELU is summed by the GeluGrad kernel from the rows it "
-       "writes, not by a ReduceSum reading them back",
-       fuse_bias_gradient},
       {"fuse_elementwise",
        "chains of float elementwise ops of one shape (comparisons and Where among them) run as "
        "one FusedElementwise loop",

@@ -113,18 +113,9 @@ const bool registered = [] {
     if (is_integer(dtype))
       if (const auto* v = ctx.input_values(0)) ctx.set_output_values(0, *v);
   });
-  for (const char* op : {"ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad"})
+  for (const char* op : {"ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad", "GeluGrad"})
     register_shape_inferer(kGraphtrainDomain, op,
                            [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
-  // GeluGrad: dX like dY, and (fuse_bias_gradient) dX summed over all but the last axis.
-  register_shape_inferer(kGraphtrainDomain, "GeluGrad", [](InferenceContext& ctx) {
-    infer_like_input(ctx, 0, 0);
-    if (ctx.num_outputs() < 2) return;
-    const SymShape* s = ctx.input_shape(0);
-    if (s && s->empty()) ctx.fail("the bias gradient (output 1) needs dY of rank 1 or more");
-    ctx.set_output(1, DType::kFloat32,
-                   s ? std::optional<SymShape>(SymShape{s->back()}) : std::nullopt);
-  });
   register_shape_inferer("", "Sign", [](InferenceContext& ctx) {
     const SymShape* s = ctx.input_shape(0);
     ctx.set_output(0, ctx.input_dtype(0), s ? std::optional<SymShape>(*s) : std::nullopt);

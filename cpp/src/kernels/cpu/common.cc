@@ -1,5 +1,4 @@
 // Shared CPU kernel helpers that are not templates.
-#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/common.h"
@@ -90,30 +89,6 @@ Tensor permute(KernelContext& ctx, const Tensor& x, const std::vector<int64_t>& 
   Tensor out = Tensor::empty(x.dtype(), out_shape);
   if (out.numel() > 0) copy_strided(ctx, x, out_shape, strides, 0, out);
   return out;
-}
-
-void column_block_sums(const float* x, int64_t width, int64_t r0, int64_t r1, int64_t lo,
-                       int64_t hi, float* part) {
-  const int64_t w = hi - lo;
-  std::fill(part, part + w, 0.0f);
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {  // one load and store of the partial sums per four rows
-    const float* a = x + r * width + lo;
-    const float *b = a + width, *c = b + width, *d = c + width;
-    for (int64_t j = 0; j < w; ++j) part[j] += (a[j] + b[j]) + (c[j] + d[j]);
-  }
-  for (; r < r1; ++r) {
-    const float* row = x + r * width + lo;
-    for (int64_t j = 0; j < w; ++j) part[j] += row[j];
-  }
-}
-
-void add_column_blocks(const float* part, int64_t blocks, int64_t width, float scale, float* out) {
-  for (int64_t j = 0; j < width; ++j) {
-    double acc = 0;
-    for (int64_t b = 0; b < blocks; ++b) acc += part[b * width + j];
-    out[j] = static_cast<float>(acc) * scale;
-  }
 }
 
 }  // namespace graphtrain::cpu

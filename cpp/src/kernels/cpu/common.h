@@ -165,15 +165,4 @@ void copy_strided(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
 // x with its dims permuted (a dense copy).
 Tensor permute(KernelContext& ctx, const Tensor& x, const std::vector<int64_t>& perm);
 
-// Column sums of a row-major [rows, width] matrix (a bias gradient: a sum over every axis but
-// the last), in the one order every kernel that takes them uses, so that they agree bit for bit
-// at any thread count: rows in blocks of kColumnSumRows summed in float, four rows at a time
-// (column_block_sums), the blocks' sums added in double, in order (add_column_blocks).
-inline constexpr int64_t kColumnSumRows = 64;
-// part[j - lo] = the sum of x[r][j] over rows [r0, r1) (at most kColumnSumRows), for j in [lo, hi).
-void column_block_sums(const float* x, int64_t width, int64_t r0, int64_t r1, int64_t lo,
-                       int64_t hi, float* part);
-// out[j] = scale * sum over the blocks b in order of part[b * width + j], j < width.
-void add_column_blocks(const float* part, int64_t blocks, int64_t width, float scale, float* out);
-
 }  // namespace graphtrain::cpu

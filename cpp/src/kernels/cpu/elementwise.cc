@@ -338,50 +338,6 @@ void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
   });
 }
 
-// GeluGrad(dY, X, Y?) -> (dX, dBias?). With Y = GELU(X) (gelu_grad_from_output), Phi = Y / X.
-// Output 1 (fuse_bias_gradient): dX summed over every axis but the last, the gradient of the bias
-// added before the GELU, taken from each block of rows just written (common.h's column sums: the
-// bits of a ReduceSum of dX).
-void gelu_grad(KernelContext& ctx) {
-  const bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
-  const Tensor& dy = ctx.input(0);
-  for (size_t i = 1; i < 3; ++i)
-    if (ctx.has_input(i) && ctx.input(i).shape() != dy.shape())
-      ctx.fail("inputs must have the same shape");
-  const bool from_output = ctx.has_input(2);
-  const bool bias = ctx.output_requested(1);
-  if (!from_output && !bias)
-    return apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
-  Tensor& out = ctx.allocate_output(0, F32, dy.shape());
-  const float* pg = dy.data<float>();
-  const float* px = ctx.input(1).data<float>();
-  const float* py = from_output ? ctx.input(2).data<float>() : nullptr;
-  float* po = out.data<float>();
-  auto apply = [&](int64_t lo, int64_t hi) {
-    if (from_output)
-      vec_gelu_grad_from_output(tanh, pg + lo, px + lo, py + lo, po + lo, hi - lo);
-    else
-      vec_apply(tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad, pg + lo, px + lo, po + lo, hi - lo);
-  };
-  if (!bias) {
-    parallel_for(ctx, dy.numel(), 3, apply);
-    return;
-  }
-  if (dy.rank() < 1) ctx.fail("the bias gradient (output 1) needs dY of rank 1 or more");
-  const int64_t width = dy.shape().back(), rows = width > 0 ? dy.numel() / width : 0;
-  Tensor& db = ctx.allocate_output(1, F32, {width});
-  const int64_t blocks = (rows + kColumnSumRows - 1) / kColumnSumRows;
-  std::vector<float> part(static_cast<size_t>(blocks * width));
-  parallel_for(ctx, blocks, kColumnSumRows * width * 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kColumnSumRows, r1 = std::min(rows, r0 + kColumnSumRows);
-      apply(r0 * width, r1 * width);
-      column_block_sums(po, width, r0, r1, 0, width, part.data() + b * width);
-    }
-  });
-  add_column_blocks(part.data(), blocks, width, 1.0f, db.data<float>());
-}
-
 // Elementwise dX = f(dY, A) over same-shaped inputs.
 template <typename F>
 void binary_same(KernelContext& ctx, F f) {
@@ -551,7 +507,26 @@ const bool registered = [] {
         binary_same(ctx, [alpha](auto g, auto x) { return x > 0.0f ? g : g * alpha; });
       },
       0, either);
-  register_kernel(GT, "GeluGrad", {F32}, gelu_grad, 0, either);
+  register_kernel(
+      GT, "GeluGrad", {F32},
+      [](KernelContext& ctx) {
+        bool tanh = ctx.node().attr_string("approximate", "none") == "tanh";
+        if (!ctx.has_input(2))
+          return apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanhGrad : VecOp::kGeluGrad);
+        // (dY, X, Y = GELU(X)): gelu_grad_from_output.
+        const Tensor& dy = ctx.input(0);
+        if (ctx.input(1).shape() != dy.shape() || ctx.input(2).shape() != dy.shape())
+          ctx.fail("inputs must have the same shape");
+        Tensor& out = ctx.allocate_output(0, F32, dy.shape());
+        const float* pg = dy.data<float>();
+        const float* px = ctx.input(1).data<float>();
+        const float* py = ctx.input(2).data<float>();
+        float* po = out.data<float>();
+        parallel_for(ctx, dy.numel(), 3, [&](int64_t lo, int64_t hi) {
+          vec_gelu_grad_from_output(tanh, pg + lo, px + lo, py + lo, po + lo, hi - lo);
+        });
+      },
+      0, either);
   return true;
 }();
 

@@ -50,16 +50,31 @@ void reduce(KernelContext& ctx) {
     const float* px = x.data<float>();
     float* po = out.data<float>();
     float scale = K == Kind::kMean ? 1.0f / static_cast<float>(cols) : 1.0f;
-    // Column sums (common.h): accurate and vectorized, and the same bits as the bias gradients
-    // other kernels take while they write the rows. Parallel over columns.
-    const int64_t blocks = (cols + kColumnSumRows - 1) / kColumnSumRows;
     parallel_for(ctx, width, cols, [&](int64_t lo, int64_t hi) {
+      std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
+      std::vector<float> part(static_cast<size_t>(hi - lo));
+      // Blocks of 64 rows in float, blocks summed in double: accurate and vectorized. Four rows
+      // at a time go into the partial sums (one load and store of them per four rows).
       const int64_t w = hi - lo;
-      std::vector<float> part(static_cast<size_t>(blocks * w));
-      for (int64_t b = 0; b < blocks; ++b)
-        column_block_sums(px, width, b * kColumnSumRows, std::min(cols, (b + 1) * kColumnSumRows),
-                          lo, hi, part.data() + b * w);
-      add_column_blocks(part.data(), blocks, w, scale, po + lo);
+      float* pp = part.data();
+      for (int64_t r0 = 0; r0 < cols; r0 += 64) {
+        std::fill(part.begin(), part.end(), 0.0f);
+        const int64_t r1 = std::min(cols, r0 + 64);
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {
+          const float* a = px + r * width + lo;
+          const float *b = a + width, *c = b + width, *d = c + width;
+          for (int64_t j = 0; j < w; ++j) pp[j] += (a[j] + b[j]) + (c[j] + d[j]);
+        }
+        for (; r < r1; ++r) {
+          const float* row = px + r * width + lo;
+          for (int64_t j = 0; j < w; ++j) pp[j] += row[j];
+        }
+        for (int64_t j = 0; j < hi - lo; ++j)
+          acc[static_cast<size_t>(j)] += part[static_cast<size_t>(j)];
+      }
+      for (int64_t j = lo; j < hi; ++j)
+        po[j] = static_cast<float>(acc[static_cast<size_t>(j - lo)]) * scale;
     });
     return;
   }
