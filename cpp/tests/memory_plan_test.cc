@@ -219,6 +219,32 @@ TEST_F(PlannedSession, AResultWrittenInPlaceTakesOverItsInput) {
   EXPECT_EQ(memory_stats().peak_bytes - held, 100 * 64 * 4);
 }
 
+// A Shape reads no data: the session runs it right after its input's producer, so a Shape that
+// the graph lists last (as autodiff adds them) does not keep that input's buffer alive, and the
+// result still takes it over.
+TEST_F(PlannedSession, AShapeReadDoesNotKeepABufferAlive) {
+  Graph g;
+  g.name = "shape_last";
+  g.opset_imports[""] = 18;
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("n"), SymDim(64)}});
+  Value* e = g.add_op("Exp", {x});
+  Node* neg = g.add_node("Neg", {e}, {"y"});
+  Node* shape = g.add_node("Shape", {e}, {"s"});  // inserted after Neg: sorted after it
+  g.add_output(neg->outputs()[0]);
+  g.add_output(shape->outputs()[0]);
+  Session s(std::move(g));
+  for (int i = 0; i < 2; ++i) {
+    Tensor in = input(10, static_cast<float>(i));
+    std::vector<Tensor> out = s.run({in});
+    EXPECT_EQ(out[1].to_int64_vector(), (std::vector<int64_t>{10, 64}));
+    for (int64_t k = 0; k < in.numel(); ++k)
+      ASSERT_FLOAT_EQ(out[0].data<float>()[k], -std::exp(in.data<float>()[k]));
+  }
+  const MemoryPlan* plan = s.memory_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(plan->inplace, 1u);  // Neg's result over Exp's output
+}
+
 TEST_F(PlannedSession, ResultsOfOneRunSurviveTheNext) {
   Session s(elementwise_chain());
   std::vector<Tensor> kept;

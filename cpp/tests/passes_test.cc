@@ -9,6 +9,7 @@
 
 #include "graphtrain/autodiff.h"
 #include "graphtrain/error.h"
+#include "graphtrain/memory_plan.h"
 #include "graphtrain/ops.h"
 #include "graphtrain/options.h"
 #include "graphtrain/passes.h"
@@ -985,12 +986,15 @@ TEST_F(PassesTest, RecognizeAttentionKeepsABiasAddWithOtherReaders) {
 
 // ---- fuse_loss_gradient ------------------------------------------------------------------------
 
-// scores [5, 7] -> SoftmaxCrossEntropyLoss against fixed labels (one ignored, with weights), the
-// scores' gradient through autodiff; `scale` multiplies the loss (dloss = scale).
+// scores [5, 7] (x * 1: an intermediate that dies at the loss) -> SoftmaxCrossEntropyLoss against
+// fixed labels (one ignored, with weights), the scores' gradient through autodiff; `scale`
+// multiplies the loss (dloss = scale). Run three times: from the second run on the memory plan has
+// the fused loss write the stashed gradient over the scores, which must not change a bit.
 std::vector<std::vector<float>> loss_and_gradient(bool fuse, const std::string& reduction,
-                                                  float scale, size_t* fused) {
+                                                  float scale, size_t* fused, size_t* taken_over) {
   Graph g = new_graph("loss");
-  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(5), SymDim(7)}});
+  Value* input = g.add_input("x", {DType::kFloat32, SymShape{SymDim(5), SymDim(7)}});
+  Value* x = g.add_op("Mul", {input, scalar(g, 1.0f)});
   Value* labels = g.add_initializer(
       "labels", Tensor::from_vector<int64_t>(DType::kInt64, {5}, {3, 0, 6, 2, 3}));
   Value* weights = g.add_initializer(
@@ -1007,20 +1011,31 @@ std::vector<std::vector<float>> loss_and_gradient(bool fuse, const std::string& 
   Session fwd(std::move(gg.forward)), bwd(std::move(gg.backward));
   Tensor xs = Tensor::empty(DType::kFloat32, {5, 7});
   for (int64_t k = 0; k < 35; ++k) xs.data<float>()[k] = static_cast<float>((k * 37) % 23) / 5.0f;
-  std::vector<Tensor> out = fwd.run(std::vector<Tensor>{xs});
-  std::vector<Tensor> grads = bwd.run(std::vector<Tensor>(out.begin() + 1, out.end()));
-  return {{out[0].data<float>(), out[0].data<float>() + 1},
-          {grads[0].data<float>(), grads[0].data<float>() + 35}};
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 3; ++run) {
+    std::vector<Tensor> out = fwd.run(std::vector<Tensor>{xs});
+    std::vector<Tensor> grads = bwd.run(std::vector<Tensor>(out.begin() + 1, out.end()));
+    std::vector<std::vector<float>> got = {{out[0].data<float>(), out[0].data<float>() + 1},
+                                           {grads[0].data<float>(), grads[0].data<float>() + 35}};
+    if (run == 0) first = got;
+    EXPECT_EQ(got, first) << "run " << run;
+  }
+  const MemoryPlan* plan = fwd.memory_plan();
+  *taken_over =
+      plan ? static_cast<size_t>(std::count(plan->lent.begin(), plan->lent.end(), true)) : 0;
+  return first;
 }
 
 TEST_F(PassesTest, FuseLossGradientWritesTheGradientInTheForward) {
   for (const char* reduction : {"mean", "sum"})
     for (float scale : {1.0f, 0.25f}) {
-      size_t fused = 0, unfused = 0;
-      auto want = loss_and_gradient(false, reduction, scale, &unfused);
-      auto got = loss_and_gradient(true, reduction, scale, &fused);
+      size_t fused = 0, unfused = 0, taken = 0, taken_unfused = 0;
+      auto want = loss_and_gradient(false, reduction, scale, &unfused, &taken_unfused);
+      auto got = loss_and_gradient(true, reduction, scale, &fused, &taken);
       EXPECT_EQ(fused, 1u);
       expect_near(got, want, 1e-6f);
+      // The fused loss's stashed gradient takes over the dying scores' storage.
+      EXPECT_EQ(taken, taken_unfused + 1);
     }
 }
 

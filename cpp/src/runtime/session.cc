@@ -49,6 +49,38 @@ std::string list_ops(const std::vector<std::string>& ops) {
   return out;
 }
 
+// `order` with each Shape / Size node moved up to just after the node that makes its input (to the
+// front for a graph input): it reads no data, so it should not keep a buffer alive until it runs
+// (a backward's Shape of the logits, sorted after the loss, kept 4 MB of them past the loss and
+// its in-place gradient). Every other node keeps its place.
+std::vector<Node*> metadata_reads_first(const std::vector<Node*>& order) {
+  auto metadata_only = [](const Node* n) {
+    return n->domain.empty() && (n->op_type == "Shape" || n->op_type == "Size") &&
+           n->inputs().size() == 1 && n->input(0);
+  };
+  std::unordered_map<const Node*, std::vector<Node*>> after;  // producer -> its Shape readers
+  std::vector<Node*> out, first;
+  for (Node* n : order)
+    if (metadata_only(n))
+      (n->input(0)->producer() ? after[n->input(0)->producer()] : first).push_back(n);
+  std::vector<Node*> pending;
+  auto emit = [&](Node* n) {
+    pending.push_back(n);
+    while (!pending.empty()) {
+      Node* m = pending.back();
+      pending.pop_back();
+      out.push_back(m);
+      auto it = after.find(m);
+      if (it == after.end()) continue;
+      for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) pending.push_back(*r);
+    }
+  };
+  for (Node* n : first) emit(n);
+  for (Node* n : order)
+    if (!metadata_only(n)) emit(n);
+  return out;
+}
+
 }  // namespace
 
 Session::Session(const std::string& onnx_path, SessionOptions options)
@@ -68,7 +100,7 @@ Session::Session(Graph graph, SessionOptions options)
   for (Value* v : graph_.inputs()) plan.input_slots.push_back(slot_of(v));
   for (Value* v : graph_.initializers()) plan.constants.emplace_back(slot_of(v), v->initializer);
 
-  std::vector<Node*> order = graph_.topological_order();
+  std::vector<Node*> order = metadata_reads_first(graph_.topological_order());
   std::unordered_map<int, size_t> last_use;
   for (Node* node : order) {
     Plan::Step step;

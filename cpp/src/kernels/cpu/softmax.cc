@@ -169,11 +169,18 @@ void softmax_cross_entropy(KernelContext& ctx) {
   if (kUnitGrad && (spatial != 1 || (reduction != "mean" && reduction != "sum")))
     ctx.fail("the gradient in the forward needs scores [N, C] and a mean or sum reduction");
   std::vector<float> lse(static_cast<size_t>(n * spatial));
+  // Each item's score at its label, read before the row is written: the gradient may be written
+  // over the scores (in place: graphtrain's kernel declares it, and the memory plan makes the
+  // stashed gradient take over the logits' storage where they die here).
+  std::vector<float> picked(static_cast<size_t>(n * spatial));
   parallel_for(ctx, n * spatial, c * 4, [&](int64_t lo, int64_t hi) {
     std::vector<float> e(kUnitGrad && pl ? 0 : static_cast<size_t>(c));
     for (int64_t l = lo; l < hi; ++l) {
       int64_t i = l / spatial, s = l % spatial;
       int64_t base = i * c * spatial + s;
+      const int64_t item_label = labels[static_cast<size_t>(l)];
+      picked[static_cast<size_t>(l)] =
+          lab.skipped(item_label) ? 0.0f : ps[base + item_label * spatial];
       float sum = 0;
       float* ex = kUnitGrad && pl ? pl + base : e.data();
       float mx = exp_line(ps + base, c, spatial, ex, 1, &sum);
@@ -194,20 +201,18 @@ void softmax_cross_entropy(KernelContext& ctx) {
     }
   });
   std::vector<float> loss(static_cast<size_t>(n * spatial));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t s = 0; s < spatial; ++s) {
-      int64_t idx = i * spatial + s;
-      int64_t label = labels[static_cast<size_t>(idx)];
-      if (has_ignore && label == ignore) {
-        loss[static_cast<size_t>(idx)] = 0;
-        continue;
-      }
-      if (label < 0 || label >= c)
-        ctx.fail(str_cat("label ", label, " at position ", idx, " is outside [0, ", c, ")"));
-      float wl = w ? w[label] : 1.0f;
-      loss[static_cast<size_t>(idx)] =
-          -wl * (ps[(i * c + label) * spatial + s] - lse[static_cast<size_t>(idx)]);
+  for (int64_t idx = 0; idx < n * spatial; ++idx) {
+    int64_t label = labels[static_cast<size_t>(idx)];
+    if (has_ignore && label == ignore) {
+      loss[static_cast<size_t>(idx)] = 0;
+      continue;
     }
+    if (label < 0 || label >= c)
+      ctx.fail(str_cat("label ", label, " at position ", idx, " is outside [0, ", c, ")"));
+    float wl = w ? w[label] : 1.0f;
+    loss[static_cast<size_t>(idx)] =
+        -wl * (picked[static_cast<size_t>(idx)] - lse[static_cast<size_t>(idx)]);
+  }
   if (reduction == "none") {
     Tensor& out = ctx.allocate_output(0, DType::kFloat32, item_shape);
     std::copy(loss.begin(), loss.end(), out.data<float>());
@@ -342,7 +347,8 @@ const bool registered = [] {
   register_kernel(GT, "FusedSoftmax", {F32}, fused_softmax, 0, in_place({{0, 0}}));
   register_kernel("", "LogSoftmax", {DType::kFloat32}, softmax<true>);
   register_kernel("", "SoftmaxCrossEntropyLoss", {DType::kFloat32}, softmax_cross_entropy<false>);
-  register_kernel(GT, "SoftmaxCrossEntropyLoss", {F32}, softmax_cross_entropy<true>);
+  register_kernel(GT, "SoftmaxCrossEntropyLoss", {F32}, softmax_cross_entropy<true>, 0,
+                  in_place({{1, 0}}));  // the gradient over the scores
   register_kernel(GT, "SoftmaxGrad", {F32}, softmax_grad<false>);
   register_kernel(GT, "LogSoftmaxGrad", {F32}, softmax_grad<true>);
   register_kernel(GT, "SoftmaxCrossEntropyLossGrad", {F32}, sce_grad);
