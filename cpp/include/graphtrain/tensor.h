@@ -75,6 +75,9 @@ class Tensor {
   static Tensor zeros(DType dtype, Shape shape);
   // Wraps memory owned elsewhere; `release` runs when the last tensor using it goes.
   static Tensor borrow(void* data, DType dtype, Shape shape, std::function<void()> release);
+  // A tensor over an existing storage, from its start (another tensor's, taken over in place);
+  // throws when the storage is too small.
+  static Tensor on_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape);
   template <typename T>
   static Tensor from_vector(DType dtype, Shape shape, const std::vector<T>& values);
   static Tensor scalar_int64(int64_t v);

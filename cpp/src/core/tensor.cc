@@ -171,6 +171,17 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   return t;
 }
 
+Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  if (!storage || t.nbytes() > storage->bytes())
+    throw Error(str_cat("a tensor of ", t.nbytes(), " bytes does not fit a storage of ",
+                        storage ? storage->bytes() : 0, " bytes"));
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 Tensor Tensor::zeros(DType dtype, Shape shape) {
   Tensor t = empty(dtype, std::move(shape));
   std::memset(t.raw_data(), 0, t.nbytes());

@@ -146,7 +146,7 @@ Tensor RunMemory::allocate(size_t output, DType dtype, Shape shape) {
       std::shared_ptr<Storage> s =
           std::move(lent_[static_cast<size_t>(takes[static_cast<size_t>(b)])]);
       if (s && s->bytes() >= bytes && bytes == binding_->uses[static_cast<size_t>(b)].bytes)
-        return Tensor::borrow(s->data(), dtype, std::move(shape), [s] {});
+        return Tensor::on_storage(std::move(s), dtype, std::move(shape));
       ++misses_;
       return Tensor::empty(dtype, std::move(shape));
     }
