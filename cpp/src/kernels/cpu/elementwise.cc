@@ -397,7 +397,6 @@ const bool registered = [] {
   register_kernel(
       "", "Log", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 8, [](float x) { return std::log(x); }); }, 0, first);
-  // Round: halves to even, as torch.round and ONNX (nearbyint in the default rounding mode).
   register_kernel(
       "", "Floor", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::floor(x); }); }, 0,
@@ -406,6 +405,7 @@ const bool registered = [] {
       "", "Ceil", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::ceil(x); }); }, 0,
       first);
+  // Round: halves to even, as torch.round and ONNX (nearbyint in the default rounding mode).
   register_kernel(
       "", "Round", {F32},
       [](KernelContext& ctx) { unary_f32(ctx, 1, [](float x) { return std::nearbyint(x); }); }, 0,
