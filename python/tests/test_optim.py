@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import graphtrain
 from graphtrain.optim import SGD, AdamW
@@ -145,3 +146,69 @@ def test_graph_module_trains_with_the_fused_optimizer():
     gm = graphtrain.GraphModule(mine)
     got = train(gm, AdamW(gm.parameters(), lr=1e-2), batches())
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+
+
+def test_adamw_follows_what_changes_between_steps():
+    """The fused step reuses what it found the step before only while it still holds: a parameter
+    given new storage, a state tensor replaced, a gradient that stops being contiguous or goes
+    missing, each step matches torch's AdamW doing the same."""
+
+    def edits(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        w = model[2].weight
+        if step == 3:  # new storage for a parameter (as tying or resharding code does)
+            w.data = w.data.clone()
+        if step == 4:  # a state tensor replaced
+            opt.state[w]["exp_avg"] = opt.state[w]["exp_avg"] * 0.5
+        if step == 5:  # a transposed (non-contiguous) gradient
+            w.grad = w.grad.t().contiguous().t()
+        if step == 6:  # no gradient for one parameter this step
+            model[4].bias.grad = None
+
+    def run(model: nn.Module, opt: torch.optim.Optimizer) -> list[float]:
+        losses = []
+        for i, (x, y) in enumerate(batches(9)):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            edits(model, opt, i)
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    ref, mine = make_model(), make_model()
+    want = run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    assert run(mine, AdamW(mine.parameters(), lr=1e-2)) == pytest.approx(want, rel=1e-5)
+    assert_same_params(mine, ref)
+
+
+@pytest.mark.parametrize("make", [AdamW, SGD])
+def test_step_hooks_and_zero_grad_behave_as_torchs(make):
+    """Step pre- and post-hooks (the optimizer's and torch's global ones) run around each step, a
+    pre-hook's returned arguments reach the step, and zero_grad(set_to_none=False) zeros in place."""
+    model = make_model()
+    opt = make(model.parameters(), lr=1e-2)
+    calls = []
+    x, y = batches(1)[0]
+
+    def closure():
+        calls.append("closure")
+        return nn.functional.mse_loss(model(x), y)
+
+    opt.register_step_pre_hook(
+        lambda o, args, kwargs: calls.append("pre") or ((o,), {"closure": closure})
+    )
+    opt.register_step_post_hook(
+        lambda o, args, kwargs: calls.append(("post", kwargs["closure"] is closure))
+    )
+    handle = register_optimizer_step_post_hook(lambda o, args, kwargs: calls.append("global post"))
+    try:
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    finally:
+        handle.remove()
+    assert calls == ["pre", "closure", ("post", True), "global post"]
+    grads = [p.grad for p in model.parameters()]
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is g and not g.any() for p, g in zip(model.parameters(), grads))
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
