@@ -111,16 +111,18 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "recognize_gelu", "recognize_attention", "fuse_loss_gradient", "identities",
-                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
-                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "recognize_attention",
+                                             "fuse_loss_gradient", "stash_gelu_derivative",
+                                             "identities", "constant_folding", "dead_code",
+                                             "fold_transposes", "fuse_softmax", "fuse_layer_norm",
+                                             "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 3u);
+  ASSERT_EQ(before.size(), 4u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
   EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_attention", 0}));
   EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
+  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -237,7 +239,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
     EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, fuse_loss_gradient, "
-                       "identities, "
+                       "stash_gelu_derivative, identities, "
                        "constant_folding, dead_code, "
                        "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, "
                        "fuse_elementwise, "
@@ -1052,6 +1054,103 @@ TEST_F(PassesTest, FuseLossGradientLeavesPerItemLossesAndReadLogProbs) {
   g.add_output(read->output(1));
   EXPECT_EQ(fuse_loss_gradient(g), 0u);
   EXPECT_EQ(count(g, "SoftmaxCrossEntropyLoss"), 2u);
+}
+
+// ---- stash_gelu_derivative ---------------------------------------------------------------------
+
+// loss = sum(GELU(x + bias) * w) trained through autodiff: the loss and the gradients of x and
+// bias, and what the forward stashes (name -> shape). With `stash`, stash_gelu_derivative runs
+// before autodiff and fuse_elementwise after it on both graphs (its ops in *ops, the backward's
+// ops in *backward_ops).
+struct GeluTraining {
+  std::vector<std::vector<float>> values;
+  std::vector<std::string> stashed;
+  std::vector<std::string> forward_ops, backward_ops;
+  size_t rewrites = 0;
+};
+GeluTraining gelu_training(const std::string& approximate, int64_t c, bool stash) {
+  Graph g = new_graph("gelu_mlp");
+  SymShape shape = {SymDim::symbol("b"), SymDim(3), SymDim(c)};
+  Value* x = g.add_input("x", {DType::kFloat32, shape});
+  Value* bias = g.add_input("bias", {DType::kFloat32, SymShape{SymDim(c)}});
+  Value* w = g.add_input("w", {DType::kFloat32, shape});
+  Value* y =
+      g.add_op("Gelu", {g.add_op("Add", {x, bias})}, {{"approximate", Attribute::of(approximate)}});
+  Node* sum = g.add_node("ReduceSum", {g.add_op("Mul", {y, w})}, {"loss"});
+  sum->attributes["keepdims"] = Attribute::of(int64_t{0});
+  g.add_output(sum->output(0));
+  infer_shapes(g);
+  GeluTraining t;
+  if (stash) t.rewrites = stash_gelu_derivative(g);
+  GradientGraphs gg = build_gradient_graphs(g, {{"loss"}, true, {"x", "bias"}});
+  if (stash) {
+    fuse_elementwise(gg.forward);
+    fuse_elementwise(gg.backward);
+  }
+  for (Node* n : gg.forward.topological_order())
+    if (n->op_type == "FusedElementwise")
+      for (const std::string& op : n->attr("ops", Attribute::Kind::kStrings).strings)
+        t.forward_ops.push_back(op);
+  for (Node* n : gg.backward.topological_order()) t.backward_ops.push_back(n->op_type);
+  for (const std::string& name : gg.stashed) {
+    const Value* v = gg.forward.find(name);
+    t.stashed.push_back(v && v->producer() ? v->producer()->op_type : "input " + name);
+  }
+  Session fwd(std::move(gg.forward)), bwd(std::move(gg.backward));
+  std::vector<Tensor> in;
+  for (Shape s : {Shape{2, 3, c}, Shape{c}, Shape{2, 3, c}}) {
+    Tensor v = Tensor::empty(DType::kFloat32, s);
+    for (int64_t k = 0; k < v.numel(); ++k)
+      v.data<float>()[k] = static_cast<float>((k * 37 + s.size() * 11) % 97) / 16.0f - 3.0f;
+    in.push_back(v);
+  }
+  std::vector<Tensor> out = fwd.run(in);
+  std::vector<Tensor> grads = bwd.run(std::vector<Tensor>(out.begin() + 1, out.end()));
+  for (const Tensor& v : {out[0], grads[0], grads[1]})
+    t.values.emplace_back(v.data<float>(), v.data<float>() + v.numel());
+  return t;
+}
+
+TEST_F(PassesTest, StashGeluDerivativeMakesTheGradientOneProduct) {
+  for (const std::string approximate : {"none", "tanh"})
+    for (int64_t c : {37, 16}) {
+      SCOPED_TRACE(approximate + " " + std::to_string(c));
+      GeluTraining plain = gelu_training(approximate, c, false);
+      GeluTraining t = gelu_training(approximate, c, true);
+      EXPECT_EQ(t.rewrites, 1u);
+      // The forward's one pass: the bias add, GELU and its derivative (and the product with w).
+      std::string gelu = approximate == "tanh" ? "GeluTanh" : "Gelu";
+      EXPECT_EQ(t.forward_ops, (std::vector<std::string>{"Add", gelu, gelu + "Derivative", "Mul"}));
+      // The backward multiplies: no GeluGrad; it reads the derivative where it read x + bias.
+      EXPECT_EQ(std::count(t.backward_ops.begin(), t.backward_ops.end(), "GeluGrad"), 0);
+      EXPECT_EQ(std::count(plain.backward_ops.begin(), plain.backward_ops.end(), "GeluGrad"), 1);
+      EXPECT_EQ(std::count(plain.stashed.begin(), plain.stashed.end(), "Add"), 1);
+      EXPECT_EQ(std::count(t.stashed.begin(), t.stashed.end(), "Add"), 0);
+      EXPECT_EQ(t.stashed.size(), plain.stashed.size());
+      expect_near(t.values, plain.values, 2e-6f);
+    }
+  // The biased X read after the pass (a graph output here) is still written by it, and a GELU
+  // with its derivative and no Add runs as one pass too: the values of the unfused kernels.
+  for (bool biased : {true, false}) {
+    Graph g = new_graph("joint");
+    Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+    Value* b = g.add_input("b", {DType::kFloat32, SymShape{SymDim(6)}});
+    Value* v = biased ? g.add_op("Add", {x, b}) : x;
+    Node* gelu = g.add_node("Gelu", {v}, {"y", "dy_dx"}, GT, "gelu");
+    g.add_output(g.add_op("Neg", {gelu->output(0)}));
+    g.add_output(gelu->output(1));
+    if (biased) g.add_output(v);
+    auto before = run_all(clone_graph(g), {{2, 4, 6}, {6}});
+    EXPECT_EQ(fuse_elementwise(g), 1u);
+    EXPECT_EQ(g.num_nodes(), 1u);
+    SCOPED_TRACE(biased);
+    EXPECT_EQ(run_all(std::move(g), {{2, 4, 6}, {6}}), before);
+  }
+  // Left alone: a Gelu of another approximation.
+  Graph g = new_graph("other");
+  Value* x = g.add_input("x", {DType::kFloat32, kBTC});
+  g.add_output(g.add_op("Gelu", {x}, {{"approximate", Attribute::of(std::string("fast"))}}));
+  EXPECT_EQ(stash_gelu_derivative(g), 0u);
 }
 
 // ---- fuse_layer_norm ---------------------------------------------------------------------------

@@ -495,8 +495,9 @@ def test_graph_passes_and_their_switches(tmp_path):
     with pytest.raises(
         graphtrain.OptionError,
         match="names 'no_such_pass'.*the passes are: recognize_gelu, recognize_attention, "
-        "fuse_loss_gradient, identities, constant_folding, dead_code, fold_transposes, fuse_softmax, "
-        "fuse_layer_norm, gelu_grad_from_output, fuse_elementwise, memory_plan",
+        "fuse_loss_gradient, stash_gelu_derivative, identities, constant_folding, dead_code, "
+        "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, fuse_elementwise, "
+        "memory_plan",
     ):
         GraphModule(nn.Linear(2, 2))(torch.randn(1, 2)).sum().backward()
 

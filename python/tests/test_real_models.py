@@ -215,28 +215,41 @@ def test_forced_batch_norm_fallback_trains_and_updates_running_stats(monkeypatch
 
 def test_gpt2_gelu_runs_as_one_op(tmp_path):
     """transformers' NewGELUActivation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in
-    elementary ops, becomes one Gelu before autodiff (recognize_gelu): no Tanh in the graphs, one
-    GeluGrad per layer backward, and the gradients still match eager (test above). Each GeluGrad
-    reads the GELU's output (gelu_grad_from_output) through the view Conv1D stashes for c_proj's
-    weight gradient."""
-    gm = GraphModule(
-        build("gpt2"),
-        graphtrain.DebugOptions(save_onnx=True, onnx_prefix="g", save_path=str(tmp_path)),
-    )
-    gm(**inputs("gpt2", 2, seed=0)).loss.backward()
+    elementary ops, becomes one Gelu before autodiff (recognize_gelu): no Tanh in the graphs, and
+    the gradients still match eager (test above). The forward's Gelu also writes its derivative
+    (stash_gelu_derivative), so the backward has no GeluGrad; with that pass off, one GeluGrad per
+    layer reads the GELU's output (gelu_grad_from_output) through the view Conv1D stashes for
+    c_proj's weight gradient."""
     layers = build("gpt2").config.n_layer
 
-    def ops(kind: str) -> list[str]:
-        graph = onnx.load(tmp_path / f"g_train_training_{kind}.onnx").graph
+    def graphs(folder: str) -> tuple[onnx.GraphProto, onnx.GraphProto]:
+        gm = GraphModule(
+            build("gpt2"),
+            graphtrain.DebugOptions(save_onnx=True, onnx_prefix="g", save_path=str(folder)),
+        )
+        gm(**inputs("gpt2", 2, seed=0)).loss.backward()
+        return tuple(
+            onnx.load(folder / f"g_train_training_{kind}.onnx").graph
+            for kind in ("forward", "backward")
+        )
+
+    def ops(graph: onnx.GraphProto) -> list[str]:
         names = [n.op_type for n in graph.node]
         for n in graph.node:  # the ops inside fused elementwise programs
             names += [s.decode() for a in n.attribute if a.name == "ops" for s in a.strings]
         return names
 
-    forward, backward = ops("forward"), ops("backward")
-    assert "Tanh" not in forward and "TanhGrad" not in backward
-    assert forward.count("Gelu") + forward.count("GeluTanh") == layers
-    assert backward.count("GeluGrad") + backward.count("GeluTanhGrad") == layers
-    graph = onnx.load(tmp_path / "g_train_training_backward.onnx").graph
-    grads = [n for n in graph.node if n.op_type == "GeluGrad"]
+    forward, backward = graphs(tmp_path / "stash")
+    assert "Tanh" not in ops(forward) and "TanhGrad" not in ops(backward)
+    gelus = [n for n in forward.node if n.op_type == "Gelu"]
+    assert len(gelus) == layers and all(len(n.output) == 2 for n in gelus)  # Y and Y'
+    assert not {"GeluGrad", "GeluTanhGrad"} & set(ops(backward))
+
+    graphtrain.set_option("disable_passes", "stash_gelu_derivative")
+    try:
+        forward, backward = graphs(tmp_path / "from_output")
+    finally:
+        graphtrain.reload_options()
+    assert ops(forward).count("Gelu") + ops(forward).count("GeluTanh") == layers
+    grads = [n for n in backward.node if n.op_type == "GeluGrad"]
     assert len(grads) == layers and all(len(n.input) == 3 for n in grads)

@@ -156,23 +156,25 @@ def test_mlp_stash_is_minimal(exported):
             "x",  # fc1.weight's gradient
             "/model/Relu_output_0",  # ReLU's gradient and LayerNorm's input
             "/model/norm/LayerNormalization_output_0",  # fc2.weight's gradient
-            # GELU's gradient: exported in its erf form (Div, Erf, Add, Mul, Mul), it is one Gelu
-            # to autodiff (recognize_gelu), which reads only its input
-            "/model/fc2/Gemm_output_0",
             "/model/Mul_1_output_0",  # head.weight's gradient
             "model.fc2.weight",
             "model.head.weight",
             "model.norm.weight",  # input gradients
         ]
     )
-    # The builder's own values: LayerNorm's mean and inverse std, and the scores' gradient that
-    # the loss writes in the forward (fuse_loss_gradient), in place of the scores and labels.
+    # The builder's own values: LayerNorm's mean and inverse std, the scores' gradient that the
+    # loss writes in the forward (fuse_loss_gradient), in place of the scores and labels, and the
+    # GELU's derivative (exported in its erf form, Div, Erf, Add, Mul, Mul, it is one Gelu to
+    # autodiff, recognize_gelu, named after the last Mul), in place of its input
+    # (stash_gelu_derivative): fc2's output is not stashed.
     extra = [s for s in stashed if s not in expected]
     assert sorted(s.split("_out")[0] for s in extra) == [
         "/SoftmaxCrossEntropyLoss",
+        "/model/Mul_1",
         "/model/norm/LayerNormalization",
         "/model/norm/LayerNormalization",
     ], extra
+    assert "/model/fc2/Gemm_output_0" not in stashed
     assert set(expected) <= set(stashed)
     assert len(stashed) == 11
 

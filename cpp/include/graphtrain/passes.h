@@ -56,6 +56,11 @@ size_t recognize_attention(Graph& graph);
 // forward from the exponentials it computes anyway. Returns how many. Before autodiff.
 size_t fuse_loss_gradient(Graph& graph);
 
+// Float Gelu (approximate none or tanh) becomes graphtrain::Gelu, whose forward also writes the
+// derivative at X where autodiff asks for it: the gradient is dY times it. Returns how many.
+// Before autodiff.
+size_t stash_gelu_derivative(Graph& graph);
+
 // Removes nodes none of whose outputs are used or are graph outputs (callback nodes, which act
 // outside the graph, stay); returns how many.
 size_t eliminate_dead_nodes(Graph& graph);

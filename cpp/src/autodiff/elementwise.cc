@@ -109,6 +109,11 @@ const bool registered = [] {
     if (!views.empty()) attrs["forward_output_views"] = Attribute::of(views);
     c.set_grad(0, c.op("GeluGrad", {c.output_grad(0), c.input(0)}, attrs, GT));
   });
+  // graphtrain::Gelu (stash_gelu_derivative): its forward writes the derivative at X (output 1,
+  // made here), so the gradient is one product; X itself is no longer stashed for it.
+  register_gradient(GT, "Gelu", [](Ctx& c) {
+    c.set_grad(0, c.op("Mul", {c.output_grad(0), c.output(1)}));
+  });
   register_gradient("", "Cos", [](Ctx& c) {
     c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Sin", {c.input(0)})})}));
   });

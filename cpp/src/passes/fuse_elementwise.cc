@@ -1,7 +1,8 @@
 // Pass fuse_elementwise: chains of float elementwise ops of one output shape become one
 // graphtrain::FusedElementwise node, whose kernel (kernels/cpu/fused_elementwise.cc) runs the whole
 // chain in one loop over the data: GELU's tanh form (Pow, Mul, Add, Tanh, ...) and its gradient,
-// bias + activation, scale + shift, a select by a comparison (hardtanh). Inputs of the chain may
+// bias + activation (a graphtrain::Gelu's derivative, its output 1, a second instruction of the
+// program), scale + shift, a select by a comparison (hardtanh). Inputs of the chain may
 // broadcast (a bias, a [B, T, 1] scale); scalar constants become constants of the program. Bool
 // values (comparisons, logic, a mask from outside) are registers of 1s and 0s in the program.
 //
@@ -51,6 +52,7 @@ constexpr Fusible kFusible[] = {
     {"", "Relu", 1},
     {"", "LeakyRelu", 1},
     {"", "Gelu", 1},
+    {"graphtrain", "Gelu", 1},  // and its derivative (output 1), a second instruction
     {"", "Sin", 1},
     {"", "Cos", 1},
     {"graphtrain", "ReluGrad", 2},
@@ -84,12 +86,20 @@ bool is_tensor(const Value* v, char kind) {
   return v && v->type.dtype == want && v->type.shape.has_value();
 }
 
+// graphtrain::Gelu's derivative output (stash_gelu_derivative), or nullptr.
+Value* derivative_of(const Node& n) {
+  return n.op_type == "Gelu" && n.domain == kGraphtrainDomain && n.outputs().size() == 2
+             ? n.output(1)
+             : nullptr;
+}
+
 // The program op of a node that can be fused, or "" (a node the pass leaves alone).
 std::string program_op(const Node& n) {
   const Fusible* f = nullptr;
   for (const Fusible& x : kFusible)
     if (n.op_type == x.op && n.domain == x.domain) f = &x;
-  if (!f || n.inputs().size() != static_cast<size_t>(f->inputs) || n.outputs().size() != 1 ||
+  if (!f || n.inputs().size() != static_cast<size_t>(f->inputs) ||
+      n.outputs().size() != (derivative_of(n) ? 2u : 1u) ||
       !is_tensor(n.output(0), f->kinds[f->inputs]))
     return "";
   size_t rank = n.output(0)->type.shape->size();
@@ -218,11 +228,14 @@ class Fuser {
       constants.push_back(c);
       return static_cast<int>(constants.size() - 1);
     };
-    // Operands as (kind, index): 0 input, 1 constant, 2 member (instruction).
+    // One instruction per member, and one more for a graphtrain::Gelu's derivative (reading the
+    // same operands): the op, its operands as (kind, index): 0 input, 1 constant, 2 instruction,
+    // and the value it makes.
+    std::vector<std::string> op_names;
     std::vector<std::vector<std::pair<int, int>>> operands;
+    std::vector<Value*> values;
     std::unordered_map<const Value*, int> made;  // member output -> instruction
-    for (size_t k = 0; k < group.members.size(); ++k) {
-      Node* n = group.members[k];
+    for (Node* n : group.members) {
       std::vector<std::pair<int, int>> ops;
       for (Value* in : n->inputs()) {
         auto m = made.find(in);
@@ -235,8 +248,14 @@ class Fuser {
       }
       if (n->op_type == "LeakyRelu" || n->op_type == "LeakyReluGrad")
         ops.emplace_back(1, constant_index(n->attr_float("alpha", 0.01f)));
-      operands.push_back(std::move(ops));
-      made[n->output(0)] = static_cast<int>(k);
+      Value* derivative = derivative_of(*n);
+      for (Value* v : {n->output(0), derivative}) {
+        if (!v) continue;
+        made[v] = static_cast<int>(values.size());
+        op_names.push_back(ops_.at(n) + (v == derivative ? "Derivative" : ""));
+        operands.push_back(ops);
+        values.push_back(v);
+      }
     }
     // The program's inputs must broadcast to the group's shape by themselves (a scalar constant
     // of higher rank than every input could otherwise have raised the rank).
@@ -259,19 +278,15 @@ class Fuser {
              : o.first == 1 ? static_cast<int>(inputs.size()) + o.second
                             : base + o.second;
     };
-    std::vector<std::string> op_names;
     std::vector<int64_t> args;
-    for (size_t k = 0; k < group.members.size(); ++k) {
-      op_names.push_back(ops_.at(group.members[k]));
-      for (size_t j = 0; j < 3; ++j)
-        args.push_back(j < operands[k].size() ? reg(operands[k][j]) : -1);
-    }
+    for (const auto& ops : operands)
+      for (size_t j = 0; j < 3; ++j) args.push_back(j < ops.size() ? reg(ops[j]) : -1);
     std::unordered_set<const Value*> graph_outputs(graph_.outputs().begin(),
                                                    graph_.outputs().end());
     std::vector<Value*> outputs;
     std::vector<int64_t> output_regs;
-    for (size_t k = 0; k < group.members.size(); ++k) {
-      Value* v = group.members[k]->output(0);
+    for (size_t k = 0; k < values.size(); ++k) {
+      Value* v = values[k];
       bool outside = graph_outputs.count(v) != 0;
       for (const auto& [reader, _] : v->uses()) outside |= !in_group(reader, g);
       if (outside) {

@@ -26,6 +26,10 @@ const std::vector<Pass>& pass_pipeline() {
        "computes anyway; the backward scales it by dloss (nothing to do when dloss is 1), before "
        "autodiff",
        fuse_loss_gradient, true},
+      {"stash_gelu_derivative",
+       "a GELU writes its derivative in the forward, from the exponential it computes anyway, in "
+       "place of the stashed input; the gradient is one product, before autodiff",
+       stash_gelu_derivative, true},
       {"identities", "readers of Identity / StopGradient read the input itself",
        eliminate_identities},
       {"constant_folding", "nodes of small constant inputs are computed once, at build time",

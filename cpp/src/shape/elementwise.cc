@@ -76,6 +76,10 @@ const bool registered = [] {
       ctx.set_output(o, b ? DType::kBool : DType::kFloat32, shape);
     }
   });
+  // graphtrain::Gelu: Y and, where made (stash_gelu_derivative), the derivative at X.
+  register_shape_inferer(kGraphtrainDomain, "Gelu", [](InferenceContext& ctx) {
+    for (size_t o = 0; o < ctx.num_outputs(); ++o) infer_like_input(ctx, o, 0);
+  });
   for (const char* op : {"StopGradient", "Log1p", "Expm1"})
     register_shape_inferer(kGraphtrainDomain, op,
                            [](InferenceContext& ctx) { infer_like_input(ctx); });

@@ -455,6 +455,27 @@ const bool registered = [] {
           ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
       },
       0, first);
+  // graphtrain::Gelu (pass stash_gelu_derivative): ONNX's Gelu, and where the backward asks for
+  // it, the derivative at X (output 1) from the same exponential: its gradient is dY * output 1.
+  register_kernel(
+      GT, "Gelu", {F32},
+      [](KernelContext& ctx) {
+        std::string approx = ctx.node().attr_string("approximate", "none");
+        if (approx != "none" && approx != "tanh")
+          ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+        const bool tanh = approx == "tanh";
+        if (!ctx.output_requested(1))
+          return apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanh : VecOp::kGelu);
+        const Tensor& x = ctx.input(0);
+        Tensor& y = ctx.allocate_output(0, F32, x.shape());
+        Tensor& d = ctx.allocate_output(1, F32, x.shape());
+        const float* px = x.data<float>();
+        float *py = y.data<float>(), *pd = d.data<float>();
+        parallel_for(ctx, x.numel(), 5, [&](int64_t lo, int64_t hi) {
+          vec_gelu_with_derivative(tanh, px + lo, nullptr, nullptr, py + lo, pd + lo, hi - lo);
+        });
+      },
+      0, first);
   register_kernel(
       "", "Neg", {F32, I64, I32},
       [](KernelContext& ctx) {

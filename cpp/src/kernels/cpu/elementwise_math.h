@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <utility>
 
 #include "kernels/cpu/vec_math.h"
 
@@ -43,6 +44,24 @@ inline constexpr auto gelu_tanh_grad = [](auto g, auto x) {
   auto x2 = x * x;
   auto s = 1.0f / (1.0f + vec::exp(-(2.0f * kGeluTanhK) * (x + kGeluTanhC * x2 * x)));
   return g * (s + x * s * (1.0f - s) * (2.0f * kGeluTanhK) * (1.0f + 3.0f * kGeluTanhC * x2));
+};
+
+// GELU and its derivative together (pass stash_gelu_derivative): the forward has the exponential
+// (and erf's tail, or the tanh form's sigmoid) at hand, so the backward's gradient becomes
+// dY * GELU'(x). GELU is gelu_erf's / gelu_tanh's to the bit, and for the erf form dY times the
+// derivative is gelu_erf_grad's too; the tanh form's derivative takes the forward's exponential,
+// whose argument rounds differently from gelu_tanh_grad's (a few ulps).
+inline constexpr auto gelu_erf_with_derivative = [](auto x) {
+  auto e = vec::exp(-0.5f * x * x);
+  auto phi = gelu_phi_erf(x, e);
+  return std::pair{x * phi, phi + x * e * 0.39894228040143268f};
+};
+inline constexpr auto gelu_tanh_with_derivative = [](auto x) {
+  auto x2 = x * x;
+  auto t = 1.0f + vec::exp(-((2.0f * kGeluTanhK) * (x + kGeluTanhC * x * x * x)));
+  auto s = 1.0f / t;
+  return std::pair{x / t,
+                   s + x * s * (1.0f - s) * (2.0f * kGeluTanhK) * (1.0f + 3.0f * kGeluTanhC * x2)};
 };
 
 // The gradients from the forward's output y too (pass gelu_grad_from_output): GELU(x) = x Phi(x),

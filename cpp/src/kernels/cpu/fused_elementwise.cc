@@ -45,6 +45,8 @@ enum class Code {
   kLeakyRelu,
   kGelu,
   kGeluTanh,
+  kGeluDerivative,
+  kGeluTanhDerivative,
   kSin,
   kCos,
   kReluGrad,
@@ -93,6 +95,8 @@ constexpr OpName kOps[] = {
     {"LeakyRelu", Code::kLeakyRelu, 2},  // x, alpha
     {"Gelu", Code::kGelu, 1},
     {"GeluTanh", Code::kGeluTanh, 1},
+    {"GeluDerivative", Code::kGeluDerivative, 1},  // graphtrain::Gelu's output 1
+    {"GeluTanhDerivative", Code::kGeluTanhDerivative, 1},
     {"Sin", Code::kSin, 1},
     {"Cos", Code::kCos, 1},
     {"ReluGrad", Code::kReluGrad, 2},
@@ -139,14 +143,30 @@ inline void scalar1(const float* a, float* d, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) d[i] = f(a[i]);
 }
 
+// Instructions that run as one pass over a block, at the first of them.
+enum class Joint {
+  kNone,
+  kAddGelu,            // Add, then a GELU (erf form) of the sum: vec_add_apply
+  kAddGeluDerivative,  // Add, then a GELU of the sum and its derivative: vec_gelu_with_derivative
+  kGeluDerivative,     // a GELU and its derivative of one register: vec_gelu_with_derivative
+};
+
 struct Instr {
   Code code;
   int a, b, c;
   float exponent = 0;  // kPow: the constant exponent
-  // An Add whose sum the next instruction, a GELU, reads: both run at that GELU as one pass
-  // (vec_add_apply), which writes the sum's register too.
-  bool with_next = false;
+  Joint joint = Joint::kNone;
+  bool tanh = false;        // a joint GELU's form
+  bool sum_written = true;  // kAddGeluDerivative: the sum's register is read after the pass
 };
+
+bool is_gelu(Code c) {
+  return c == Code::kGelu || c == Code::kGeluTanh;
+}
+bool is_derivative_of(Code d, Code gelu) {
+  return (gelu == Code::kGelu && d == Code::kGeluDerivative) ||
+         (gelu == Code::kGeluTanh && d == Code::kGeluTanhDerivative);
+}
 
 class FusedElementwise : public OpKernel {
  public:
@@ -181,12 +201,10 @@ class FusedElementwise : public OpKernel {
         in.exponent = constants_[static_cast<size_t>(in.b - n_inputs_)];
       }
       program_.push_back(in);
-      Instr* prev = k > 0 ? &program_[k - 1] : nullptr;
-      if (prev && prev->code == Code::kAdd && in.code == Code::kGelu && in.a == self - 1)
-        prev->with_next = true;
     }
     for (int64_t r : outputs_)
       if (r < 0 || r >= n_regs) fail(str_cat("output register ", r));
+    join_gelus(n_inputs_ + n_const);
     bool_output_.assign(outputs_.size(), false);
     if (node.has_attr("bool_outputs"))
       for (int64_t o : node.attr_ints("bool_outputs")) {
@@ -272,12 +290,26 @@ class FusedElementwise : public OpKernel {
         for (size_t k = 0; k < program_.size(); ++k) {
           const Instr& in = program_[k];
           float* d = dst[static_cast<size_t>(n_inputs_ + n_const) + k];
-          if (in.with_next) {
-            vec_add_apply(VecOp::kGelu, reg[static_cast<size_t>(in.a)],
-                          reg[static_cast<size_t>(in.b)], d,
-                          dst[static_cast<size_t>(n_inputs_ + n_const) + k + 1], n);
-            ++k;
-            continue;
+          float* const* next = dst.data() + n_inputs_ + n_const + k + 1;  // the joint's others
+          switch (in.joint) {
+            case Joint::kAddGelu:
+              vec_add_apply(VecOp::kGelu, reg[static_cast<size_t>(in.a)],
+                            reg[static_cast<size_t>(in.b)], d, next[0], n);
+              k += 1;
+              continue;
+            case Joint::kAddGeluDerivative:
+              vec_gelu_with_derivative(in.tanh, reg[static_cast<size_t>(in.a)],
+                                       reg[static_cast<size_t>(in.b)], in.sum_written ? d : nullptr,
+                                       next[0], next[1], n);
+              k += 2;
+              continue;
+            case Joint::kGeluDerivative:
+              vec_gelu_with_derivative(in.tanh, reg[static_cast<size_t>(in.a)], nullptr, nullptr, d,
+                                       next[0], n);
+              k += 1;
+              continue;
+            case Joint::kNone:
+              break;
           }
           run(in, reg[static_cast<size_t>(in.a)],
               in.b >= 0 ? reg[static_cast<size_t>(in.b)] : nullptr,
@@ -301,6 +333,36 @@ class FusedElementwise : public OpKernel {
   }
 
  private:
+  // Marks the GELUs that run in one pass with the Add before them and / or their derivative
+  // (instruction k writes register first + k).
+  void join_gelus(int first) {
+    std::vector<int> reads(static_cast<size_t>(first) + program_.size(), 0);
+    for (const Instr& in : program_)
+      for (int r : {in.a, in.b, in.c})
+        if (r >= 0) ++reads[static_cast<size_t>(r)];
+    for (int64_t r : outputs_) ++reads[static_cast<size_t>(r)];
+    for (size_t k = 0; k < program_.size(); ++k) {
+      Instr& in = program_[k];
+      const int self = first + static_cast<int>(k);
+      Instr* g = k + 1 < program_.size() ? &program_[k + 1] : nullptr;
+      Instr* d = k + 2 < program_.size() ? &program_[k + 2] : nullptr;
+      if (in.code == Code::kAdd && g && is_gelu(g->code) && g->a == self && d &&
+          is_derivative_of(d->code, g->code) && d->a == self) {
+        in.joint = Joint::kAddGeluDerivative;
+        in.tanh = g->code == Code::kGeluTanh;
+        in.sum_written = reads[static_cast<size_t>(self)] > 2;
+        k += 2;
+      } else if (in.code == Code::kAdd && g && g->code == Code::kGelu && g->a == self) {
+        in.joint = Joint::kAddGelu;
+        k += 1;
+      } else if (is_gelu(in.code) && g && is_derivative_of(g->code, in.code) && g->a == in.a) {
+        in.joint = Joint::kGeluDerivative;
+        in.tanh = in.code == Code::kGeluTanh;
+        k += 1;
+      }
+    }
+  }
+
   static void run(const Instr& in, const float* a, const float* b, const float* c, float* d,
                   int64_t n) {
     switch (in.code) {
@@ -346,6 +408,10 @@ class FusedElementwise : public OpKernel {
         return vec_apply(VecOp::kGelu, a, nullptr, d, n);
       case Code::kGeluTanh:
         return vec_apply(VecOp::kGeluTanh, a, nullptr, d, n);
+      case Code::kGeluDerivative:
+        return vec::map(a, d, n, [](auto x) { return math::gelu_erf_with_derivative(x).second; });
+      case Code::kGeluTanhDerivative:
+        return vec::map(a, d, n, [](auto x) { return math::gelu_tanh_with_derivative(x).second; });
       case Code::kSin:
         return scalar1(a, d, n, [](float x) { return std::sin(x); });
       case Code::kCos:

@@ -10,6 +10,8 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 void add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n);
 void gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y, float* out,
                            int64_t n);
+void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y, float* d,
+                          int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse);
@@ -55,6 +57,14 @@ void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const
   if (vec_uses_avx512()) return avx512::gelu_grad_from_output(tanh, dy, x, y, out, n);
 #endif
   vec::gelu_grad_from_output<vec::f8>(tanh, dy, x, y, out, n);
+}
+
+void vec_gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y,
+                              float* d, int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::gelu_with_derivative(tanh, a, b, sum, y, d, n);
+#endif
+  vec::gelu_with_derivative<vec::f8>(tanh, a, b, sum, y, d, n);
 }
 
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {

@@ -26,6 +26,12 @@ void vec_apply(VecOp op, const float* a, const float* b, float* y, int64_t n);
 // op compute, the GELU of a bias add in one pass over the data.
 void vec_add_apply(VecOp op, const float* a, const float* b, float* sum, float* y, int64_t n);
 
+// y[i] = GELU(s) and d[i] = GELU'(s) for s = a[i] + b[i] (b not null) or a[i], and sum[i] = s
+// where sum is not null (erf form, or tanh with `tanh`): graphtrain::Gelu's forward with its
+// derivative (math::gelu_*_with_derivative), a bias add before it in the same pass.
+void vec_gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y,
+                              float* d, int64_t n);
+
 // out[i] = GeluGrad(dy[i], x[i]) from the forward's output y[i] = GELU(x[i]) as well (erf form, or
 // tanh with `tanh`): math::gelu_*_grad_from_output.
 void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y,

@@ -19,6 +19,11 @@ void gelu_grad_from_output(bool tanh, const float* dy, const float* x, const flo
   vec::gelu_grad_from_output<vec::f16>(tanh, dy, x, y, out, n);
 }
 
+void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y, float* d,
+                          int64_t n) {
+  vec::gelu_with_derivative<vec::f16>(tanh, a, b, sum, y, d, n);
+}
+
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }

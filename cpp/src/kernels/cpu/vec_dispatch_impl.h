@@ -136,6 +136,34 @@ inline void gelu_grad_from_output16(const float* g, const float* x, const float*
                                    _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
+// GELU and its derivative of s = a + b (or a), sum = s where not null: gelu16_of's Phi and
+// gelu_grad16's density, so that dY times the derivative is gelu_grad16's result.
+inline void gelu_with_derivative16_of(__m512 v, __m512& y, __m512& d) {
+  __m512 c = gelu_clamp(v);
+  __m512 e = exp_of_nonpositive(half_x_squared_neg(c));
+  __m512 phi = gelu_phi(c, e);
+  y = _mm512_mul_ps(v, phi);
+  d = _mm512_add_ps(phi, _mm512_mul_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f)));
+}
+inline void gelu_with_derivative16(const float* a, const float* b, float* s, float* y, float* d,
+                                   int64_t n) {
+  auto one = [&](int64_t i, __mmask16 m) {
+    __m512 v = _mm512_maskz_loadu_ps(m, a + i);
+    if (b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b + i));
+    if (s) _mm512_mask_storeu_ps(s + i, m, v);
+    __m512 vy, vd;
+    gelu_with_derivative16_of(v, vy, vd);
+    _mm512_mask_storeu_ps(y + i, m, vy);
+    _mm512_mask_storeu_ps(d + i, m, vd);
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    prefetch(a + i);
+    if (b) prefetch(b + i);
+    one(i, 0xffff);
+  }
+  if (i < n) one(i, static_cast<__mmask16>((1u << (n - i)) - 1));
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -161,6 +189,43 @@ void gelu_grad_from_output(bool tanh, const float* g, const float* x, const floa
     run(math::gelu_tanh_grad_from_output);
   else
     run(math::gelu_erf_grad_from_output);
+}
+
+template <typename V>
+void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y, float* d,
+                          int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if (!tanh) return gelu_with_derivative16(a, b, sum, y, d, n);
+  }
+#endif
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  auto run = [&](auto f) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      prefetch(a + i);
+      V x = load_as<V>(a + i);
+      if (b) {
+        prefetch(b + i);
+        x += load_as<V>(b + i);
+      }
+      if (sum) store_as(sum + i, x);
+      auto [vy, vd] = f(x);
+      store_as(y + i, vy);
+      store_as(d + i, vd);
+    }
+    for (; i < n; ++i) {
+      float x = b ? a[i] + b[i] : a[i];
+      if (sum) sum[i] = x;
+      auto [vy, vd] = f(x);
+      y[i] = vy;
+      d[i] = vd;
+    }
+  };
+  if (tanh)
+    run(math::gelu_tanh_with_derivative);
+  else
+    run(math::gelu_erf_with_derivative);
 }
 
 template <typename V>
