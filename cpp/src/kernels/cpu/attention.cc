@@ -10,9 +10,16 @@
 // writes before the heads are transposed out, read and written through strides; LSE and the mask
 // keep the [..., H, Lq(, Lk)] layout), packed with heads (1: one X [..., L, 3 H E] holds Q, K and
 // V side by side in each row, a fused projection's output; Y is [..., L, H, E], the gradient is
-// one dX). Packed, an optional input 4 is the projection's bias [3 H E], added to each row of X as
-// it is read (recognize_attention folds the projection's bias Add into the Attention: X is
-// neither written with the bias nor read twice).
+// one dX). Packed, an optional input 4 is the projection's bias [3 H E], X's rows taken as X + bias
+// (recognize_attention folds the projection's bias Add into the Attention: X is neither written
+// with the bias nor read twice). kv_bias_free: the bias costs no copy of the keys
+// or values. The keys' bias adds q_r . b_k to all of row r's scores, which the softmax cancels (and
+// the rows of dS sum to zero, so dQ = dS K takes nothing from it either), so it is left out (the
+// log-sum-exp it keeps for the backward leaves it out the same way); the values' adds b_v to every
+// output row, since P's rows sum to 1 (rows that see nothing stay zero), and dP = dY V^T without
+// it differs by a constant per row, which dS = P (dP - D) cancels when D = rowsum(dY (Y - b_v)).
+// With dropout P's rows no longer sum to 1: the values are copied with their bias. The queries'
+// bias is added to their transposed copy (forward) or a copy of their rows (backward).
 //
 // A thread works on a tile of kTileQ (16) query rows at a time and holds the tile's scores for
 // every key a row of it may see, transposed: one column of 16 rows per key (S^T = K Q^T), so a
@@ -406,9 +413,8 @@ class AttentionKernel : public OpKernel {
       std::vector<float> st(static_cast<size_t>(g.lk * kTileQ)),
           qt(static_cast<size_t>(g.e * kBlockQ));
       std::vector<float> mask_scratch(g.mask && g.mask_cols.empty() ? st.size() : 0);
-      // With a bias: the head's keys and values, biased (contiguous rows).
-      std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
-      std::vector<float> vb(g.bias ? static_cast<size_t>(g.lk * g.ev) : 0);
+      // With a bias and dropout: the head's values, biased (contiguous rows).
+      std::vector<float> vb(g.bias && g.dropout > 0 ? static_cast<size_t>(g.lk * g.ev) : 0);
       for (int64_t t = t0; t < t1; ++t) {
         int64_t b = t / (g.hq * qblocks), h = t / qblocks % g.hq, qb_index = t % qblocks;
         int64_t q0 = qb_index * kBlockQ, nq = std::min(kBlockQ, g.lq - q0);
@@ -422,15 +428,17 @@ class AttentionKernel : public OpKernel {
         float* lp = pl + (b * g.hq + h) * g.lq;
         int64_t kend = g.visible_end(b, h, q0, nq);
         transpose_matrix(pq + g.oq.at(b, h) + q0 * g.oq.row, nq, g.e, g.oq.row, qt.data(), kBlockQ);
+        // The bias (see kv_bias_free): the queries' on their transposed copy, the keys' nowhere,
+        // the values' on each output row (with dropout, on a copy of the values).
         if (g.bias) {
           add_bias_transposed(qt.data(), kBlockQ, g.e, nq, g.bias_of(g.oq, h));
-          add_bias_rows(krows, ldk, kend, g.e, g.bias_of(g.ok, hk), kb.data());
-          add_bias_rows(vrows, ldv, kend, g.ev, g.bias_of(g.ov, hk), vb.data());
-          krows = kb.data();
-          vrows = vb.data();
-          ldk = g.e;
-          ldv = g.ev;
+          if (g.dropout > 0) {
+            add_bias_rows(vrows, ldv, kend, g.ev, g.bias_of(g.ov, hk), vb.data());
+            vrows = vb.data();
+            ldv = g.ev;
+          }
         }
+        const float* y_bias = g.bias && g.dropout == 0 ? g.bias_of(g.ov, hk) : nullptr;
         for (int64_t r0 = 0; r0 < nq; r0 += kTileQ) {
           int64_t nr = std::min(kTileQ, nq - r0), cols = g.visible_end(b, h, q0 + r0, nr);
           float* yrows = yp + (q0 + r0) * g.oy.row;
@@ -454,9 +462,14 @@ class AttentionKernel : public OpKernel {
                 float& x = st[static_cast<size_t>(c * kTileQ + r)];
                 x = keep(g.key, g.element(b, h, q0 + r0 + r, c), g.dropout) ? x * drop_scale : 0.0f;
               }
-          // Y = P V, P read through its transpose.
-          vec_small_gemm(nr, g.ev, cols, 1.0f, st.data(), 1, kTileQ, vrows, ldv, false, yrows,
-                         g.oy.row);
+          // Y = P V (+ the values' bias: P's rows sum to 1), P read through its transpose.
+          if (y_bias)
+            for (int64_t r = 0; r < nr; ++r) std::copy(y_bias, y_bias + g.ev, yrows + r * g.oy.row);
+          vec_small_gemm(nr, g.ev, cols, 1.0f, st.data(), 1, kTileQ, vrows, ldv, y_bias != nullptr,
+                         yrows, g.oy.row);
+          if (y_bias)  // a row that sees nothing (a mask's) stays zero, as without the bias
+            for (int64_t r = 0; r < nr; ++r)
+              if (lp[q0 + r0 + r] == kNegInf) zero_rows(yrows + r * g.oy.row, 1, g.ev, g.oy.row);
         }
       }
       if (kept) stream_fence();  // the streamed stores are visible before the task ends
@@ -522,9 +535,8 @@ void attention_grad(KernelContext& ctx) {
         if (g.dropout > 0) pdrop.resize(pt.size());
         alignas(64) float d[kR], lse16[kR];
         int64_t zeroed_batch = -1;  // the batch whose gradient block this chunk zeroed
-        // With a bias: the head's keys and values and each query head's queries, biased.
-        std::vector<float> kb(g.bias ? static_cast<size_t>(g.lk * g.e) : 0);
-        std::vector<float> vb(g.bias ? static_cast<size_t>(g.lk * g.ev) : 0);
+        // With a bias: each query head's queries, biased, and with dropout the head's values.
+        std::vector<float> vb(g.bias && g.dropout > 0 ? static_cast<size_t>(g.lk * g.ev) : 0);
         std::vector<float> qb(g.bias ? static_cast<size_t>(g.lq * g.e) : 0);
         for (int64_t t = t0; t < t1; ++t) {
           int64_t b = t / g.hk, hk = t % g.hk;
@@ -535,13 +547,13 @@ void attention_grad(KernelContext& ctx) {
           }
           const float* krows = pk + g.ok.at(b, hk);
           const float* vrows = pv + g.ov.at(b, hk);
-          int64_t ldk_in = ldk, ldv_in = ldv;  // the strides of the keys and values read
-          if (g.bias) {
-            add_bias_rows(krows, ldk, g.lk, g.e, g.bias_of(g.ok, hk), kb.data());
+          int64_t ldv_in = ldv;  // the stride of the values read
+          // The bias (see kv_bias_free): the keys' nowhere; the values' in D (below), or with
+          // dropout on a copy of the values; the queries' on a copy of each query head's rows.
+          const float* v_bias = g.bias && g.dropout == 0 ? g.bias_of(g.ov, hk) : nullptr;
+          if (g.bias && g.dropout > 0) {
             add_bias_rows(vrows, ldv, g.lk, g.ev, g.bias_of(g.ov, hk), vb.data());
-            krows = kb.data();
             vrows = vb.data();
-            ldk_in = g.e;
             ldv_in = g.ev;
           }
           float* dkp = pdk + g.ok.at(b, hk);
@@ -585,15 +597,16 @@ void attention_grad(KernelContext& ctx) {
               // P^T: as the forward kept it, or exp(S^T - LSE), 0 where hidden.
               const float* p = kept ? kept + g.kept_tile(b, h, q0) : pt.data();
               if (!kept) {
-                vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk_in, 1, qt.data() + q0,
-                               g.lq_pad, false, pt.data(), kTileQ);
+                vec_small_gemm(cols, kTileQ, g.e, g.scale, krows, ldk, 1, qt.data() + q0, g.lq_pad,
+                               false, pt.data(), kTileQ);
                 std::fill(lse16, lse16 + kR, 0.0f);
                 std::copy(lp + q0, lp + q0 + nr, lse16);
                 int64_t ld_mask = 0;
                 const float* mcols = g.tile_mask(b, h, q0, nr, cols, mask_scratch.data(), ld_mask);
                 vec_attention_exp_t(pt.data(), cols, nr, mcols, ld_mask, g.causal ? q0 : -1, lse16);
               }
-              // dY and Y of the tile, transposed (padding rows zero), and D = rowsum(dY * Y).
+              // dY and Y of the tile, transposed (padding rows zero), and D = rowsum(dY * Y), Y
+              // without the values' bias where dP leaves it out.
               if (nr < kTileQ) {
                 std::fill(dyt.begin(), dyt.end(), 0.0f);
                 std::fill(yt.begin(), yt.end(), 0.0f);
@@ -602,8 +615,11 @@ void attention_grad(KernelContext& ctx) {
               transpose_matrix(yp + q0 * ldy, nr, g.ev, ldy, yt.data(), kTileQ);
               for (size_t r = 0; r < kR; r += 8) {
                 vec::f8 acc{};
-                for (size_t j = 0; j < static_cast<size_t>(g.ev); ++j)
-                  acc += vec::load(dyt.data() + j * kR + r) * vec::load(yt.data() + j * kR + r);
+                for (size_t j = 0; j < static_cast<size_t>(g.ev); ++j) {
+                  vec::f8 yj = vec::load(yt.data() + j * kR + r);
+                  if (v_bias) yj -= v_bias[j];
+                  acc += vec::load(dyt.data() + j * kR + r) * yj;
+                }
                 vec::store(d + r, acc);
               }
               // dP^T = V dY^T.
@@ -632,7 +648,7 @@ void attention_grad(KernelContext& ctx) {
               // dK += scale dS^T Q; dQ = scale dS K (dS read through its transpose).
               vec_small_gemm(cols, g.e, nr, g.scale, dpt.data(), kTileQ, 1, qrows + q0 * ldq_in,
                              ldq_in, true, dkp, ldk);
-              vec_small_gemm(nr, g.e, cols, g.scale, dpt.data(), 1, kTileQ, krows, ldk_in, false,
+              vec_small_gemm(nr, g.e, cols, g.scale, dpt.data(), 1, kTileQ, krows, ldk, false,
                              dqp + q0 * ldq, ldq);
             }
           }
