@@ -295,8 +295,9 @@ def _changing_arguments(old: Any, new: Any, args: Any, kwargs: Any) -> list[str]
 
 def _describe(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
-        static = tuple(leaf.shape[d] for d in range(leaf.dim()) if d not in dynamic_dims(leaf))
-        return ("tensor", leaf.dtype, leaf.dim(), static, leaf.requires_grad, leaf.device.type)
+        shape, dynamic = leaf.shape, dynamic_dims(leaf)
+        static = tuple(shape[d] for d in range(len(shape)) if d not in dynamic)
+        return ("tensor", leaf.dtype, len(shape), static, leaf.requires_grad, leaf.device.type)
     try:
         hash(leaf)
         return ("const", type(leaf).__name__, leaf)
