@@ -182,9 +182,7 @@ class AdamW(_FastZeroGrad, torch.optim.AdamW):
         columns = [[t.data_ptr() for t in column] for column in zip(*fused)]
         columns.append([p.numel() for p, *_ in fused])
         if all(states):
-            self.__dict__.setdefault("_plans", {})[id(group)] = _AdamWPlan(
-                group, fused, states, columns
-            )
+            self._plans[id(group)] = _AdamWPlan(group, fused, states, columns)
         return columns
 
     def _planned_columns(self, group: dict[str, Any]) -> list[list[int]] | None:
@@ -192,7 +190,7 @@ class AdamW(_FastZeroGrad, torch.optim.AdamW):
         from has changed: the group's parameters (each at the same address, the same ones with a
         gradient), their state tensors, the gradients fit for the loop; else None. The full walk
         costs ~8 us a parameter in Python, this ~1."""
-        plan = getattr(self, "_plans", {}).get(id(group))
+        plan = self._plans.get(id(group))
         if plan is None or plan.group is not group or plan.amsgrad != group["amsgrad"]:
             return None
         params = group["params"]
@@ -225,6 +223,11 @@ class AdamW(_FastZeroGrad, torch.optim.AdamW):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._plans = {}
         super().load_state_dict(state_dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A copy or unpickled optimizer (torch pickles defaults, state and groups) plans anew.
+        super().__setstate__(state)
+        self._plans = {}
 
 
 class _AdamWPlan:

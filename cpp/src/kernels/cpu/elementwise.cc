@@ -338,6 +338,14 @@ void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
   });
 }
 
+// A Gelu's form: false for approximate "none" (erf), true for "tanh"; any other fails.
+bool gelu_is_tanh(KernelContext& ctx) {
+  std::string approx = ctx.node().attr_string("approximate", "none");
+  if (approx != "none" && approx != "tanh")
+    ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+  return approx == "tanh";
+}
+
 // Elementwise dX = f(dY, A) over same-shaped inputs.
 template <typename F>
 void binary_same(KernelContext& ctx, F f) {
@@ -446,13 +454,7 @@ const bool registered = [] {
   register_kernel(
       "", "Gelu", {F32},
       [](KernelContext& ctx) {
-        std::string approx = ctx.node().attr_string("approximate", "none");
-        if (approx == "tanh")
-          apply_vec_op(ctx, 4, VecOp::kGeluTanh);
-        else if (approx == "none")
-          apply_vec_op(ctx, 4, VecOp::kGelu);
-        else
-          ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
+        apply_vec_op(ctx, 4, gelu_is_tanh(ctx) ? VecOp::kGeluTanh : VecOp::kGelu);
       },
       0, first);
   // graphtrain::Gelu (pass stash_gelu_derivative): ONNX's Gelu, and where the backward asks for
@@ -460,10 +462,7 @@ const bool registered = [] {
   register_kernel(
       GT, "Gelu", {F32},
       [](KernelContext& ctx) {
-        std::string approx = ctx.node().attr_string("approximate", "none");
-        if (approx != "none" && approx != "tanh")
-          ctx.fail("approximate must be 'none' or 'tanh', not '" + approx + "'");
-        const bool tanh = approx == "tanh";
+        const bool tanh = gelu_is_tanh(ctx);
         if (!ctx.output_requested(1))
           return apply_vec_op(ctx, 4, tanh ? VecOp::kGeluTanh : VecOp::kGelu);
         const Tensor& x = ctx.input(0);
