@@ -522,11 +522,11 @@ def test_packed_attention_adds_the_qkv_bias_as_it_reads():
 
 
 class Classifier(nn.Module):
-    def __init__(self, reduction: str, weighted: bool) -> None:
+    def __init__(self, reduction: str, weighted: bool, classes: int = 11) -> None:
         super().__init__()
-        self.fc = nn.Linear(8, 11)
+        self.fc = nn.Linear(8, classes)
         self.reduction = reduction
-        self.register_buffer("w", torch.rand(11) + 0.5 if weighted else None)
+        self.register_buffer("w", torch.rand(classes) + 0.5 if weighted else None)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
@@ -534,14 +534,18 @@ class Classifier(nn.Module):
         )
 
 
-@pytest.mark.parametrize("reduction, weighted", [("mean", False), ("sum", True), ("mean", True)])
-def test_cross_entropy_writes_its_gradient_in_the_forward(tmp_path, reduction, weighted):
+@pytest.mark.parametrize(
+    "reduction, weighted, classes",
+    [("mean", False, 11), ("sum", True, 11), ("mean", True, 11), ("mean", True, 37)],
+)
+def test_cross_entropy_writes_its_gradient_in_the_forward(tmp_path, reduction, weighted, classes):
     """fuse_loss_gradient: the loss is graphtrain::SoftmaxCrossEntropyLoss, whose forward writes
     the scores' gradient for dloss = 1; the backward scales it by dloss (its unit=1 gradient op).
     Gradients match torch's for loss.backward() (dloss 1: the gradient handed on as it is) and for
-    a scaled loss, with ignored labels and class weights."""
+    a scaled loss, with ignored labels and class weights. Rows of 11 classes are all tail to the
+    kernel's vectors; 37 are whole vectors and a tail."""
     torch.manual_seed(0)
-    model = Classifier(reduction, weighted)
+    model = Classifier(reduction, weighted, classes)
     debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="ce", save_path=str(tmp_path))
     gm = GraphModule(model, debug)
     x = torch.randn(9, 8)

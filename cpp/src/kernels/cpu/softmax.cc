@@ -181,21 +181,20 @@ void softmax_cross_entropy(KernelContext& ctx) {
       const int64_t item_label = labels[static_cast<size_t>(l)];
       picked[static_cast<size_t>(l)] =
           lab.skipped(item_label) ? 0.0f : ps[base + item_label * spatial];
-      float sum = 0;
-      float* ex = kUnitGrad && pl ? pl + base : e.data();
-      float mx = exp_line(ps + base, c, spatial, ex, 1, &sum);
-      float v = lse[static_cast<size_t>(l)] = mx + std::log(sum);
-      if (kUnitGrad && pl) {
-        int64_t label = labels[static_cast<size_t>(l)];
+      if (kUnitGrad && pl) {  // spatial == 1: rows of c scores
         float coef = 0;
-        if (!lab.skipped(label)) {
-          double wl = w ? w[label] : 1.0;
+        if (!lab.skipped(item_label)) {
+          double wl = w ? w[item_label] : 1.0;
           coef = static_cast<float>(reduction == "mean" ? wl / weight_sum : wl);
         }
-        const float k = coef / sum;
-        vec::map(ex, ex, c, [k](auto x) { return x * k; });
-        if (coef != 0) ex[label] -= coef;
-      } else if (pl) {
+        lse[static_cast<size_t>(l)] =
+            vec_cross_entropy_row(ps + base, pl + base, c, coef != 0 ? item_label : 0, coef);
+        continue;
+      }
+      float sum = 0;
+      float mx = exp_line(ps + base, c, spatial, e.data(), 1, &sum);
+      float v = lse[static_cast<size_t>(l)] = mx + std::log(sum);
+      if (pl) {
         for (int64_t k = 0; k < c; ++k) pl[base + k * spatial] = ps[base + k * spatial] - v;
       }
     }

@@ -13,6 +13,7 @@ void gelu_grad_from_output(bool tanh, const float* dy, const float* x, const flo
 void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y, float* d,
                           int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
+float cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef);
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse);
 void attention_exp_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
@@ -72,6 +73,13 @@ float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale)
   if (vec_uses_avx512()) return avx512::exp_sum(x, y, n, shift, scale);
 #endif
   return vec::exp_sum<vec::f8>(x, y, n, shift, scale);
+}
+
+float vec_cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::cross_entropy_row(x, g, n, label, coef);
+#endif
+  return vec::cross_entropy_row<vec::f8>(x, g, n, label, coef);
 }
 
 void vec_attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,

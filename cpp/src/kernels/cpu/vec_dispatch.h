@@ -42,6 +42,11 @@ void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const
 // lanes are not computed.
 float vec_exp_sum(const float* x, float* y, int64_t n, float shift, float scale = 1.0f);
 
+// One row of a softmax cross-entropy: returns the log-sum-exp of x[0..n) and writes g[i] =
+// coef * softmax(x)[i], less coef at `label` (the scores' gradient for the loss coef * -log
+// p[label], label in [0, n)). g may be x.
+float vec_cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef);
+
 // Attention's tiles of scores, held transposed: t[c * 16 + r] is query row r's score for key c
 // (c < cols, r < 16; rows r >= `rows` are padding), so that a row's max and sum are lane-wise
 // sums down the columns, with no per-row reduction or call. Each column first gets the mask's

@@ -28,6 +28,10 @@ float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }
 
+float cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef) {
+  return vec::cross_entropy_row<vec::f16>(x, g, n, label, coef);
+}
+
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
                          int64_t causal_row0, float* lse) {
   vec::attention_softmax_t<vec::f16>(t, cols, rows, m, ld_m, causal_row0, lse);

@@ -534,6 +534,68 @@ void softmax_row(const float* x, const float* m, bool m_runs, float scale, float
   for (; i < n; ++i) y[i] *= inv;
 }
 
+// Lanes i < n (n < the lane count) of p, the others `fill`; and a store of lanes i < n. With
+// AVX-512, masked loads and stores: a row's tail goes through the same instructions as its body.
+template <typename V>
+inline V load_part(const float* p, int64_t n, float fill) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64)
+    return reinterpret_cast<V>(
+        _mm512_mask_loadu_ps(_mm512_set1_ps(fill), static_cast<__mmask16>((1u << n) - 1), p));
+#endif
+  V v = V{} + fill;
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+template <typename V>
+inline void store_part(float* p, V v, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), reinterpret_cast<__m512>(v));
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+
+// vec_cross_entropy_row: three passes over a row that sits in L1 (max; exponentials and their
+// sum; the scale), each on whole vectors, the tail a partial one (masked with AVX-512).
+template <typename V>
+float cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  const V neg_inf = V{} - INFINITY;
+  V m0 = neg_inf, m1 = neg_inf;  // two running maxima: the compares do not wait on one another
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    V a = load_as<V>(x + i), b = load_as<V>(x + i + kLanes);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+  }
+  for (; i < n; i += kLanes) {
+    V a = i + kLanes <= n ? load_as<V>(x + i) : load_part<V>(x + i, n - i, -INFINITY);
+    m0 = a > m0 ? a : m0;
+  }
+  float mx = lanes_max(m1 > m0 ? m1 : m0);  // NaN scores: the row's sum and loss are NaN below
+  if (std::isinf(mx) && mx < 0) mx = 0;
+  V acc{};
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    V e = exp_nonpositive(load_as<V>(x + i) - mx);
+    acc += e;
+    store_as(g + i, e);
+  }
+  if (i < n) {  // -inf fill: exp gives 0 in the padding lanes
+    V e = exp_nonpositive(load_part<V>(x + i, n - i, -INFINITY) - mx);
+    acc += e;
+    store_part(g + i, e, n - i);
+  }
+  const float sum = lanes_sum(acc);
+  const float k = coef / sum;
+  for (i = 0; i + kLanes <= n; i += kLanes) store_as(g + i, load_as<V>(g + i) * k);
+  if (i < n) store_part(g + i, load_part<V>(g + i, n - i, 0.0f) * k, n - i);
+  if (coef != 0) g[label] -= coef;
+  return mx + std::log(sum);
+}
+
 // dx = scale * y * (dy - sum(dy * y)) over n floats: softmax's gradient along a row.
 template <typename V>
 void softmax_grad_row(const float* dy, const float* y, float scale, float* dx, int64_t n) {
