@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils.dlpack import from_dlpack, to_dlpack
+from torch.utils.dlpack import to_dlpack
 
 from . import (
     _C,
@@ -35,6 +35,10 @@ from .log import log, log_once, refresh_rank
 
 Model = _C.Model
 Session = _C.Session
+
+# A DLPack capsule to a tensor: torch.utils.dlpack.from_dlpack calls this after probing its argument
+# for a __dlpack__ method (a failed attribute lookup on every capsule, ~30 a training step).
+_from_capsule = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
 
 # Entered while torch.export traces a GraphModule's module: subscribed module boundaries become Hook
 # nodes, torch.autograd.Functions become PythonOps.
@@ -198,8 +202,8 @@ def _run(session: Session, tensors: list[Any], keep: int = 0) -> list[Any]:
     caps = [t if isinstance(t, _C.Stash) else to_dlpack(t.detach()) for t in tensors]
     out = session.run_dlpack(caps, keep)
     if keep:
-        return [from_dlpack(c) for c in out[:-1]] + [out[-1]]
-    return [from_dlpack(c) for c in out]
+        return [_from_capsule(c) for c in out[:-1]] + [out[-1]]
+    return [_from_capsule(c) for c in out]
 
 
 class _EngineFunction(torch.autograd.Function):
@@ -295,9 +299,9 @@ def _changing_arguments(old: Any, new: Any, args: Any, kwargs: Any) -> list[str]
 
 def _describe(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
-        shape, dynamic = leaf.shape, dynamic_dims(leaf)
-        static = tuple(shape[d] for d in range(len(shape)) if d not in dynamic)
-        return ("tensor", leaf.dtype, len(shape), static, leaf.requires_grad, leaf.device.type)
+        static = tuple(leaf.shape[len(dynamic_dims(leaf)) :])  # the dynamic dims lead
+        device = "cpu" if leaf.is_cpu else leaf.device.type
+        return ("tensor", leaf.dtype, leaf.dim(), static, leaf.requires_grad, device)
     try:
         hash(leaf)
         return ("const", type(leaf).__name__, leaf)
@@ -382,6 +386,7 @@ class GraphModule(torch.nn.Module):
         self._debug = debug_options or DebugOptions()
         self._debug.apply()
         self._runners: OrderedDict[Any, _Runner] = OrderedDict()  # least recently used first
+        self._last: tuple[Any, _Runner | None] = (None, None)  # the last call's key and graph
         self._eager = False
         self.captures = 0  # graphs captured with torch.export (cache hits do not count)
         self._graphs_made = 0  # captures and cache loads
@@ -436,9 +441,14 @@ class GraphModule(torch.nn.Module):
         if self.eager_modules:
             key_schema = (key_schema, ("eager", self.eager_modules))
         tensors_in = [x for x in flat if isinstance(x, torch.Tensor)]
-        runner = self._runners.get(key)
+        # The previous call's graph, compared without hashing the key (its pytree spec hashes in
+        # Python), else a lookup.
+        last_key, runner = self._last
+        if runner is None or last_key != key:
+            runner = self._runners.get(key)
+            if runner is not None:
+                self._runners.move_to_end(key)
         if runner is not None:
-            self._runners.move_to_end(key)
             if not runner.fits(tensors_in):
                 runner = self._runners[key] = self._capture_symbolic(flat, spec, key_schema)
         else:
@@ -459,6 +469,7 @@ class GraphModule(torch.nn.Module):
                     return self.module(*args, **kwargs)
                 raise
             self._keep(key, runner, args, kwargs)
+        self._last = (key, runner)
         all_inputs = runner.tensors(tensors_in)
         if self._zero_offload is not None:
             self._zero_offload.before_forward()
@@ -485,7 +496,8 @@ class GraphModule(torch.nn.Module):
             else x
             for x in runner.captured.out_leaves
         ]
-        return pytree.tree_unflatten(leaves, runner.captured.out_spec)
+        out_spec = runner.captured.out_spec
+        return leaves[0] if out_spec.is_leaf() else pytree.tree_unflatten(leaves, out_spec)
 
     def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """pytree.tree_flatten((args, kwargs)). A call whose arguments are all plain tensors
