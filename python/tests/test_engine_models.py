@@ -146,7 +146,8 @@ def test_run_dlpack_capsules_keep_their_data_alive():
 def test_run_dlpack_keeps_a_stash_in_cpp_for_the_next_run():
     # GraphModule's forward keeps the values stashed for the backward as one Stash (engine tensors
     # that never become torch tensors) and feeds it to the backward, where it stands for its
-    # tensors in order. A stashed view of an input stays valid after the input is gone.
+    # tensors in order. A stashed view of an input stays valid after the input is gone. The run
+    # it feeds takes its tensors (and frees each after its last reader): a Stash feeds one run.
     import gc
 
     import torch
@@ -173,5 +174,8 @@ def test_run_dlpack_keeps_a_stash_in_cpp_for_the_next_run():
     torch.testing.assert_close(from_dlpack(y_capsule), expected.clamp(min=0))
     (dx,) = backward.run_dlpack([to_dlpack(torch.full((2, 3), 2.0)), stash])
     torch.testing.assert_close(from_dlpack(dx), expected * 2)
+    assert len(stash) == 0 and stash.nbytes == 0
+    with pytest.raises(Exception, match="input 1: this Stash was fed to an earlier run"):
+        backward.run_dlpack([to_dlpack(torch.full((2, 3), 2.0)), stash])
     with pytest.raises(Exception, match="keep 3 outputs in C\\+\\+, the graph has 2"):
         forward.run_dlpack([to_dlpack(expected)], keep=3)

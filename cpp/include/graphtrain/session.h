@@ -35,6 +35,10 @@ class Session {
   // Inputs in the graph's input order. Throws InputError naming the input and what is wrong
   // (count, dtype, rank, a dim that differs from the declared one or from another input's).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
+  // The same, the run owning the inputs: each is released after the last step that reads it,
+  // where the caller holds no other reference (a training forward's stash, freed while the
+  // backward goes, so that its blocks serve the run's later allocations while still in cache).
+  std::vector<Tensor> run(std::vector<Tensor>&& inputs);
   // Inputs by name; every graph input must be given, and no unknown name.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds);
 

@@ -205,6 +205,7 @@ nb::object to_python(const Tensor& t, Results kind) {
 // tensors and back (two conversions of ~60 tensors a step on the GPT bench model).
 struct Stash {
   std::vector<Tensor> tensors;
+  bool consumed = false;  // fed to a run, which took the tensors
 };
 
 nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t keep = 0) {
@@ -239,8 +240,16 @@ nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t
   }
   for (nb::handle v : feeds) {
     if (nb::isinstance<Stash>(v)) {  // a stash from an earlier run: its tensors, in order
-      const Stash& kept = nb::cast<const Stash&>(v);
-      inputs.insert(inputs.end(), kept.tensors.begin(), kept.tensors.end());
+      Stash& kept = nb::cast<Stash&>(v);
+      if (kept.consumed)
+        throw InputError(str_cat("input ", inputs.size(),
+                                 ": this Stash was fed to an earlier run, which took its tensors "
+                                 "(a Stash feeds one run)"));
+      // Taken over by the run, which frees each after its last reader.
+      inputs.insert(inputs.end(), std::make_move_iterator(kept.tensors.begin()),
+                    std::make_move_iterator(kept.tensors.end()));
+      kept.tensors.clear();
+      kept.consumed = true;
       continue;
     }
     torch |= !capsules && is_torch(v);
@@ -253,7 +262,7 @@ nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t
   std::vector<Tensor> out;
   {
     nb::gil_scoped_release release;
-    out = s.run(inputs);
+    out = s.run(std::move(inputs));
   }
   return wrap(out);
 }
@@ -352,7 +361,8 @@ void bind_engine(nb::module_& m) {
           nb::arg("feeds"), nb::arg("keep") = 0,
           "run, for callers that convert themselves: inputs as arrays, tensors, DLPack capsules "
           "(torch.utils.dlpack.to_dlpack) or Stash objects (each stands for its tensors, in "
-          "order); outputs as DLPack capsules, except the last `keep`, which stay in C++ as one "
+          "order, and is consumed: the run takes its tensors and frees each after its last "
+          "reader); outputs as DLPack capsules, except the last `keep`, which stay in C++ as one "
           "Stash at the end of the list.");
 
   nb::class_<Stash>(m, "Stash",

@@ -170,6 +170,10 @@ std::vector<Tensor> Session::run(const std::map<std::string, Tensor>& feeds) {
 }
 
 std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
+  return run(std::vector<Tensor>(inputs));
+}
+
+std::vector<Tensor> Session::run(std::vector<Tensor>&& inputs) {
   Plan& plan = *plan_;
   const auto& graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
@@ -225,7 +229,7 @@ std::vector<Tensor> Session::run(const std::vector<Tensor>& inputs) {
   RunMemory memory(plan.memory, graph_.name, inputs, plan.steps.size(), plan.plan_memory);
   std::vector<Tensor> slots(plan.num_slots);
   for (size_t i = 0; i < inputs.size(); ++i)
-    slots[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
+    slots[static_cast<size_t>(plan.input_slots[i])] = std::move(inputs[i]);
   for (const auto& [s, t] : plan.constants) slots[static_cast<size_t>(s)] = t;
   ThreadPool& pool = options_.pool ? *options_.pool : ThreadPool::global();
   ThreadPool::Busy busy(pool);  // workers wait for the next kernel spinning, not asleep
