@@ -73,6 +73,7 @@ class _Runner:
         grad_outputs = [o for o, f in zip(captured.outputs, captured.output_float) if f]
         self.float_outputs = [k for k, f in enumerate(captured.output_float) if f]
         self.forward = self.backward = None
+        self.calls_back = False
         self.label = label
         if self.wrt and grad_outputs:
             fwd, bwd, info = model.gradient_graphs(grad_outputs, self.wrt, False)
@@ -84,6 +85,8 @@ class _Runner:
             fwd.optimize(f"{label} forward")  # the graph passes, after autodiff
             bwd.optimize(f"{label} backward")
             self.forward, self.backward = Session(fwd), Session(bwd)
+            # Hooks, PythonOps, ATen fallbacks or ZeRO-3 gathers: a call needs a CallbackRun.
+            self.calls_back = self.forward.calls_back or self.backward.calls_back
             self.grad_names = info["grads"]
             self.n_stash = len(info["stashed"])
         model.optimize(f"{label} inference")  # after autodiff: it read the captured graph
@@ -194,13 +197,20 @@ class _Runner:
                 self.buffers[name].copy_(value)
 
 
-def _run(session: Session, tensors: list[Any], keep: int = 0) -> list[Any]:
+def _run(
+    session: Session, tensors: list[Any], keep: int = 0, run: CallbackRun | None = None
+) -> list[Any]:
     """Runs a graph on torch tensors, which cross as bare DLPack capsules both ways (the
     protocol's Python layers, __dlpack__ and from_dlpack of an object, cost a few microseconds a
     tensor: ~0.5 ms a step on the GPT bench model). A Stash among the inputs stands for the engine
-    tensors it holds; `keep` > 0 returns the last `keep` outputs as one Stash, left in C++."""
+    tensors it holds; `keep` > 0 returns the last `keep` outputs as one Stash, left in C++. `run`:
+    the call its callback nodes belong to (None where the graph has none)."""
     caps = [t if isinstance(t, _C.Stash) else to_dlpack(t.detach()) for t in tensors]
-    out = session.run_dlpack(caps, keep)
+    if run is None:
+        out = session.run_dlpack(caps, keep)
+    else:
+        with recording(run):
+            out = session.run_dlpack(caps, keep)
     if keep:
         return [_from_capsule(c) for c in out[:-1]] + [out[-1]]
     return [_from_capsule(c) for c in out]
@@ -211,10 +221,10 @@ class _EngineFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, runner: _Runner, module: torch.nn.Module, *tensors: torch.Tensor) -> Any:
-        ctx.run = CallbackRun(module, training=True)  # what hooks and PythonOps keep for backward
-        with recording(ctx.run):
-            # The values stashed for the backward stay engine tensors, held by ctx.
-            outs = _run(runner.forward, tensors, keep=runner.n_stash)
+        # What hooks and PythonOps keep for the backward (graphs without callback nodes: nothing).
+        ctx.run = CallbackRun(module, training=True) if runner.calls_back else None
+        # The values stashed for the backward stay engine tensors, held by ctx.
+        outs = _run(runner.forward, tensors, keep=runner.n_stash, run=ctx.run)
         n, nb = runner.n_out, len(runner.captured.buffer_updates)
         runner.write_buffers(outs[n : n + nb])
         ctx.runner = runner
@@ -232,7 +242,7 @@ class _EngineFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         runner: _Runner = ctx.runner
-        if ctx.run is None:  # an earlier backward released what this one would read
+        if ctx.out_meta is None:  # an earlier backward released what this one would read
             raise RuntimeError(
                 "graphtrain: a second backward through the same GraphModule call "
                 "(retain_graph=True) is not supported: the values its forward stashed are freed "
@@ -243,8 +253,7 @@ class _EngineFunction(torch.autograd.Function):
             for k in runner.float_outputs
         ] + ([ctx.stash] if ctx.stash is not None else [])
         session = runner.backward_session(tuple(grads[k] is None for k in runner.float_outputs))
-        with recording(ctx.run):
-            results = iter(_run(session, feeds))
+        results = iter(_run(session, feeds, run=ctx.run))
         ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):
@@ -481,8 +490,8 @@ class GraphModule(torch.nn.Module):
         if needs_grad:
             outs = list(_EngineFunction.apply(runner, self.module, *all_inputs))
         else:
-            with recording(CallbackRun(self.module, training=False)):
-                res = _run(runner.infer, all_inputs)
+            run = CallbackRun(self.module, training=False) if runner.infer.calls_back else None
+            res = _run(runner.infer, all_inputs, run=run)
             runner.write_buffers(res[runner.n_out :])
             outs = res[: runner.n_out]
         if self._zero_offload is not None:

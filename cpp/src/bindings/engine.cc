@@ -12,6 +12,7 @@
 
 #include "bindings/bindings.h"
 #include "graphtrain/autodiff.h"
+#include "graphtrain/callback.h"
 #include "graphtrain/error.h"
 #include "graphtrain/onnx_io.h"
 #include "graphtrain/ops.h"
@@ -347,6 +348,15 @@ void bind_engine(nb::module_& m) {
           },
           nb::arg("model"), nb::arg("num_threads") = 0, "Plans an in-memory Model.")
       .def_prop_ro("input_names", [](const PySession& s) { return s.session->input_names(); })
+      .def_prop_ro(
+          "calls_back",
+          [](const PySession& s) {
+            for (const Node* n : s.session->graph().nodes())
+              if (is_callback_op(*n)) return true;
+            return false;
+          },
+          "Whether the graph has callback nodes (hooks, PythonOps, ATen fallbacks, ZeRO-3 "
+          "gathers): a run of it calls into Python.")
       .def_prop_ro("output_names", [](const PySession& s) { return s.session->output_names(); })
       .def(
           "run", [](PySession& s, nb::handle feeds) { return run_session(*s.session, feeds); },
