@@ -91,6 +91,7 @@ class _Runner:
             self.n_stash = len(info["stashed"])
         model.optimize(f"{label} inference")  # after autodiff: it read the captured graph
         self.infer = Session(model)
+        self.infer_calls_back = self.infer.calls_back
         # the graphs as they run: DebugOptions(save_onnx=True), or GRAPHTRAIN_SAVE_ONNX_PATH
         if debug.save_onnx or options()["save_onnx_path"].value:
             graphs = {"forward": model}
@@ -490,7 +491,7 @@ class GraphModule(torch.nn.Module):
         if needs_grad:
             outs = list(_EngineFunction.apply(runner, self.module, *all_inputs))
         else:
-            run = CallbackRun(self.module, training=False) if runner.infer.calls_back else None
+            run = CallbackRun(self.module, training=False) if runner.infer_calls_back else None
             res = _run(runner.infer, all_inputs, run=run)
             runner.write_buffers(res[runner.n_out :])
             outs = res[: runner.n_out]

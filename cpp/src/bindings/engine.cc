@@ -205,8 +205,7 @@ nb::object to_python(const Tensor& t, Results kind) {
 // backward. GraphModule passes them back as one object, so they never cross DLPack into torch
 // tensors and back (two conversions of ~60 tensors a step on the GPT bench model).
 struct Stash {
-  std::vector<Tensor> tensors;
-  bool consumed = false;  // fed to a run, which took the tensors
+  std::vector<Tensor> tensors;  // empty once fed to a run, which takes them (a run keeps >= 1)
 };
 
 nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t keep = 0) {
@@ -242,7 +241,7 @@ nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t
   for (nb::handle v : feeds) {
     if (nb::isinstance<Stash>(v)) {  // a stash from an earlier run: its tensors, in order
       Stash& kept = nb::cast<Stash&>(v);
-      if (kept.consumed)
+      if (kept.tensors.empty())
         throw InputError(str_cat("input ", inputs.size(),
                                  ": this Stash was fed to an earlier run, which took its tensors "
                                  "(a Stash feeds one run)"));
@@ -250,7 +249,6 @@ nb::list run_session(Session& s, nb::handle feeds, bool capsules = false, size_t
       inputs.insert(inputs.end(), std::make_move_iterator(kept.tensors.begin()),
                     std::make_move_iterator(kept.tensors.end()));
       kept.tensors.clear();
-      kept.consumed = true;
       continue;
     }
     torch |= !capsules && is_torch(v);
