@@ -392,6 +392,11 @@ void max_pool(KernelContext& ctx) {
   // the taps run outer and the row's outputs inner: each output's running max is its own chain,
   // and a row's chains overlap (one output at a time took ~10 cycles per tap).
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Tap t = i * kw + j of a window lies i * dh rows and j * dw columns from its origin: its
+  // offset in the input plane (no division per output).
+  std::vector<int64_t> tap_offset(static_cast<size_t>(g.kh * g.kw));
+  for (int64_t t = 0; t < g.kh * g.kw; ++t)
+    tap_offset[static_cast<size_t>(t)] = t / g.kw * g.dh * g.w + t % g.kw * g.dw;
   int64_t hp = std::max(g.ph0 + g.h, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1);
   int64_t wp = std::max(g.pw0 + g.w, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1);
   parallel_for(ctx, g.n * g.c, g.oh * g.ow * g.kh * g.kw, [&](int64_t lo, int64_t hi) {
@@ -421,14 +426,16 @@ void max_pool(KernelContext& ctx) {
               tap[ox] = take ? t : tap[ox];
             }
           }
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          int64_t o = (p * g.oh + oy) * g.ow + ox;
-          py[o] = best[ox];
-          if (!idx) continue;
-          int64_t i = tap[ox] / g.kw, j = tap[ox] % g.kw;
-          idx[o] = tap[ox] < 0 ? -1
-                               : p * g.h * g.w + (oy * g.sh - g.ph0 + i * g.dh) * g.w +
-                                     (ox * g.sw - g.pw0 + j * g.dw);
+        float* yrow = py + (p * g.oh + oy) * g.ow;
+        std::copy(best.begin(), best.end(), yrow);
+        if (idx) {
+          int64_t* irow = idx + (p * g.oh + oy) * g.ow;
+          // The index of row oy's window origin (oy * sh - ph0, ox * sw - pw0) in the input, plus
+          // the winning tap's offset from it.
+          int64_t origin = p * g.h * g.w + (oy * g.sh - g.ph0) * g.w - g.pw0;
+          for (int64_t ox = 0; ox < g.ow; ++ox)
+            irow[ox] =
+                tap[ox] < 0 ? -1 : origin + ox * g.sw + tap_offset[static_cast<size_t>(tap[ox])];
         }
       }
     }
