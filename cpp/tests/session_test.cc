@@ -255,7 +255,7 @@ TEST(Tensor, TheBlockFreedLastIsReusedFirst) {
     EXPECT_EQ(first.raw_data(), newer);
     EXPECT_EQ(second.raw_data(), older);
   }
-  release_cached_memory();  // the cache holds no more than tensors held at once: leave it empty
+  release_cached_memory();  // its bound follows the peak of live tensors: leave it empty
 #endif
 }
 
