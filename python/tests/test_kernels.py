@@ -608,6 +608,23 @@ def test_pooling(k, s, p, ceil):
     close(g, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_max_pool_stride_two_rows_of_many_windows():
+    # Stride 2 over rows of 19 windows: whole vectors of 8 outputs and a tail. Ties (a row of
+    # equal maxima: the first tap wins) and a NaN (it wins) sit in both.
+    x = randn(2, 3, 11, 37)
+    x[0, 0, 4, :] = 5.0
+    x[1, 2, 6, 20] = np.nan
+    x[1, 2, 3, 35] = np.nan
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    y, idx = run_node(
+        "MaxPool", {"x": x}, attrs, n_outputs=2, out_types=[TensorProto.FLOAT, TensorProto.INT64]
+    )
+    ref, ref_idx = F.max_pool2d(torch.from_numpy(x), 3, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(y, ref.numpy())
+    plane = np.arange(2 * 3).reshape(2, 3, 1, 1) * 11 * 37
+    np.testing.assert_array_equal(idx, ref_idx.numpy() + plane)
+
+
 def test_max_pool_dilation_uneven_pads_nan_and_infinities():
     # Windows of one -inf, a NaN (it wins, and its index is given), dilation and pads that differ
     # per side; ONNX's pads are [top, left, bottom, right], torch's F.pad (left, right, top, bottom).
