@@ -609,8 +609,8 @@ def test_pooling(k, s, p, ceil):
 
 
 def test_max_pool_stride_two_rows_of_many_windows():
-    # Stride 2 over rows of 19 windows: whole vectors of 8 outputs and a tail. Ties (a row of
-    # equal maxima: the first tap wins) and a NaN (it wins) sit in both.
+    # Stride 2 over rows of 19 windows (the other pooling tests have rows of 5 or fewer), with ties
+    # (a row of equal maxima: the first tap wins) and NaNs (they win).
     x = randn(2, 3, 11, 37)
     x[0, 0, 4, :] = 5.0
     x[1, 2, 6, 20] = np.nan

@@ -430,8 +430,8 @@ void max_pool(KernelContext& ctx) {
         std::copy(best.begin(), best.end(), yrow);
         if (idx) {
           int64_t* irow = idx + (p * g.oh + oy) * g.ow;
-          // The index of row oy's window origin (oy * sh - ph0, ox * sw - pw0) in the input, plus
-          // the winning tap's offset from it.
+          // The input index of the row's first window origin (oy * sh - ph0, -pw0); output ox adds
+          // ox * sw and its winning tap's offset.
           int64_t origin = p * g.h * g.w + (oy * g.sh - g.ph0) * g.w - g.pw0;
           for (int64_t ox = 0; ox < g.ow; ++ox)
             irow[ox] =
