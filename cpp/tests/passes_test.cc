@@ -66,6 +66,27 @@ TEST_F(PassesTest, IdentitiesGoExceptAGraphOutput) {
   EXPECT_EQ(run(std::move(g)), before);
 }
 
+// A one-input Concat (a key/value cache's first step) is its input: read through where it is
+// inner, an Identity (no copy) where its output is a graph output, whose name stays.
+TEST_F(PassesTest, IdentitiesTakeOneInputConcats) {
+  Graph g;
+  g.opset_imports[""] = 18;
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim::symbol("n"), SymDim(3)}});
+  Value* inner = g.add_op("Concat", {g.add_op("Exp", {x})}, {{"axis", Attribute::of(int64_t{0})}});
+  Value* r = g.add_op("Relu", {inner});
+  Node* cache = g.add_node("Concat", {r}, {"cache"});
+  cache->attributes["axis"] = Attribute::of(int64_t{-1});
+  g.add_output(cache->output(0));
+  std::vector<float> before = run(clone_graph(g));
+  EXPECT_EQ(eliminate_identities(g), 2u);
+  EXPECT_EQ(count(g, "Concat"), 0u);
+  EXPECT_EQ(count(g, "Identity"), 1u);
+  EXPECT_EQ(g.outputs()[0]->name(), "cache");
+  EXPECT_EQ(g.outputs()[0]->producer()->input(0), r);
+  EXPECT_EQ(r->producer()->input(0)->producer()->op_type, "Exp");
+  EXPECT_EQ(run(std::move(g)), before);
+}
+
 // A backward graph where gradient input z is zero: z + a becomes a (and the Identity that only fed
 // the sum goes), z + b of a broadcast shape stays, and the graph's inputs stay; results match.
 TEST_F(PassesTest, DropZeroGradientsDropsSumsWithAZeroGradient) {
@@ -90,6 +111,43 @@ TEST_F(PassesTest, DropZeroGradientsDropsSumsWithAZeroGradient) {
   EXPECT_EQ(count(g, "Identity"), 0u);
   EXPECT_EQ(g.inputs().size(), 3u);
   std::vector<Tensor> after = Session(std::move(g)).run({zeros, av, bv});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t o = 0; o < before.size(); ++o) {
+    ASSERT_EQ(after[o].shape(), before[o].shape());
+    for (int64_t i = 0; i < before[o].numel(); ++i)
+      EXPECT_EQ(after[o].data<float>()[i], before[o].data<float>()[i]) << o << " " << i;
+  }
+}
+
+// The zero follows linear ops: a cache output's gradient z goes through its Transpose, a Concat of
+// only zeros, a Split and a product before it meets the other path's gradient a; the sum becomes
+// a, and the chain that made the zero goes. A Concat of a zero and a nonzero value is not zero.
+TEST_F(PassesTest, DropZeroGradientsFollowsTheZeroThroughLinearOps) {
+  Graph g;
+  g.opset_imports[""] = 18;
+  Value* z = g.add_input("z", {DType::kFloat32, SymShape{SymDim(3), SymDim(2)}});
+  Value* a = g.add_input("a", {DType::kFloat32, SymShape{SymDim(2), SymDim(3)}});
+  Value* t = g.add_op("Transpose", {z}, {{"perm", Attribute::of(std::vector<int64_t>{1, 0})}});
+  Value* both = g.add_op("Concat", {t, t}, {{"axis", Attribute::of(int64_t{1})}});
+  Node* split = g.add_node("Split", {both}, {"s0", "s1"});
+  split->attributes["axis"] = Attribute::of(int64_t{1});
+  split->attributes["num_outputs"] = Attribute::of(int64_t{2});
+  Value* product = g.add_op("Mul", {split->output(0), g.add_op("Exp", {a})});
+  Value* sum = g.add_op("Add", {a, product});
+  g.add_output(g.add_op("Neg", {sum}));
+  Value* mixed = g.add_op("Concat", {split->output(1), a}, {{"axis", Attribute::of(int64_t{0})}});
+  g.add_output(g.add_op("Add", {mixed, mixed}));
+  infer_shapes(g);
+  Tensor zeros = Tensor::from_vector(DType::kFloat32, {3, 2}, std::vector<float>(6, 0.0f));
+  Tensor av = Tensor::from_vector(DType::kFloat32, {2, 3},
+                                  std::vector<float>{0.1f, -0.2f, 0.3f, 0.4f, 0.5f, 0.6f});
+  std::vector<Tensor> before = Session(clone_graph(g)).run(std::vector<Tensor>{zeros, av});
+  EXPECT_EQ(drop_zero_gradients(g, {"z"}), 1u);
+  EXPECT_EQ(count(g, "Mul"), 0u);
+  EXPECT_EQ(count(g, "Add"), 1u);  // mixed + mixed: mixed is not zero
+  EXPECT_EQ(count(g, "Split"), 1u);
+  EXPECT_EQ(g.outputs()[0]->producer()->input(0), a);
+  std::vector<Tensor> after = Session(std::move(g)).run(std::vector<Tensor>{zeros, av});
   ASSERT_EQ(after.size(), before.size());
   for (size_t o = 0; o < before.size(); ++o) {
     ASSERT_EQ(after[o].shape(), before[o].shape());

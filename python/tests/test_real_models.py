@@ -180,6 +180,16 @@ def test_returned_cache_holds_this_calls_tensors(name):
             torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
         assert ours.get_seq_length() == theirs.get_seq_length() == 16
+    # Training never differentiates the cache: the backward built for that drops the zero
+    # gradients of the keys and values (2 layers) as well as the logits', with the Transposes and
+    # Splits that carried them.
+    loss = gm(**inputs(name, 2, seed=3)).loss
+    loss.backward()
+    runner = next(iter(gm._runners.values()))
+    ((missing, _),) = runner._backwards.items()
+    zero = [g for g, m in zip(runner._grad_inputs, missing) if m]
+    assert len(zero) == 5  # logits, 2 x (keys, values)
+    assert runner._backward_source.copy().drop_zero_gradients(zero) == 5
 
 
 def test_autocast_region_is_named_in_a_clear_error():

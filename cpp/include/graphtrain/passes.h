@@ -96,7 +96,8 @@ size_t gelu_grad_from_output(Graph& graph);
 size_t fuse_elementwise(Graph& graph);
 
 // The backward graph for a call where the gradient inputs `zero_inputs` are zero (outputs torch
-// passes no gradient for): a zero added to a value of the sum's shape is dropped, then what reads
+// passes no gradient for): zeros are followed through linear ops (Transpose, Reshape, Split, a
+// Concat of zeros, ...), a zero added to a value of the sum's shape is dropped, then what reads
 // nothing. The inputs stay. Not a pipeline pass; returns how many sums were dropped.
 size_t drop_zero_gradients(Graph& graph, const std::vector<std::string>& zero_inputs);
 

@@ -1,7 +1,9 @@
 // Pass identities: Identity and StopGradient nodes pass their input on; after autodiff neither
-// does anything (StopGradient only told the gradient builder where gradients stop). Their readers
-// read the input directly. A node whose output is a graph output stays, so outputs keep their names
-// and never alias a graph input.
+// does anything (StopGradient only told the gradient builder where gradients stop), and a Concat of
+// one input is its input (transformers' key/value cache concatenates a first step's keys to
+// nothing). Their readers read the input directly. A node whose output is a graph output stays, so
+// outputs keep their names and never alias a graph input; a one-input Concat there becomes an
+// Identity, which hands its input on without the Concat's copy.
 #include <unordered_set>
 
 #include "graphtrain/passes.h"
@@ -12,12 +14,20 @@ size_t eliminate_identities(Graph& graph) {
   std::unordered_set<const Value*> outputs(graph.outputs().begin(), graph.outputs().end());
   size_t removed = 0;
   for (Node* n : graph.topological_order()) {
+    bool concat = n->op_type == "Concat" && n->domain.empty();
     bool identity = (n->op_type == "Identity" && n->domain.empty()) ||
-                    (n->op_type == "StopGradient" && n->domain == kGraphtrainDomain);
+                    (n->op_type == "StopGradient" && n->domain == kGraphtrainDomain) || concat;
     if (!identity || n->inputs().size() != 1 || !n->input(0)) continue;
     Value* out = n->output(0);
-    if (!out || outputs.count(out)) continue;
-    graph.replace_all_uses(out, n->input(0));
+    if (!out) continue;
+    if (outputs.count(out)) {
+      if (!concat) continue;
+      Node* id = graph.add_node("Identity", {n->input(0)}, {""});
+      id->scope = n->scope;
+      graph.move_output(out, id, 0);
+    } else {
+      graph.replace_all_uses(out, n->input(0));
+    }
     graph.remove_node(n);
     ++removed;
   }

@@ -1,33 +1,55 @@
 // drop_zero_gradients: the backward graph of a call where some outputs' gradients are zero. torch
 // passes None for an output nothing differentiates (a language model's logits returned beside its
-// loss), and the backward graph, built for every float output, would add a zero tensor to the
-// gradient that reaches the same value by another path (the logits: a [tokens, vocab] Add). Where
-// a zero gradient input is added to a value of the sum's shape, the sum is that value; what then
-// reads nothing is removed. The inputs stay, so the graph is fed as before. Not a pipeline pass:
-// GraphModule makes such a graph per pattern of missing gradients, from the backward graph
-// before its passes.
+// loss, the keys and values a transformers model returns as its cache), and the backward graph,
+// built for every float output, would carry that zero through the gradients of the ops that made
+// the output (the cache's Transposes, Reshapes and Split) and add it to the gradient that reaches
+// the same value by another path (the logits: a [tokens, vocab] Add). A value is known zero when it
+// is such an input, or what a linear op makes of known zeros (a Transpose of one, a Concat of
+// only zeros); a sum of a known zero and a value of the sum's shape is that value. What then reads
+// nothing is removed. The inputs stay, so the graph is fed as before. Not a pipeline pass:
+// GraphModule makes such a graph per pattern of missing gradients, from the backward graph before
+// its passes.
+#include <algorithm>
 #include <unordered_set>
 
 #include "graphtrain/passes.h"
 #include "passes/pattern.h"
 
 namespace graphtrain {
+namespace {
+
+// Ops whose outputs are all zero when their first input is (the others are shapes, axes, indices).
+bool zero_from_first_input(const std::string& op) {
+  static const std::unordered_set<std::string> ops = {
+      "Identity", "Transpose", "Reshape",   "Squeeze", "Unsqueeze", "Flatten", "Expand",
+      "Slice",    "Split",     "ReduceSum", "Neg",     "Cast",      "Tile"};
+  return ops.count(op) != 0;
+}
+
+}  // namespace
 
 size_t drop_zero_gradients(Graph& graph, const std::vector<std::string>& zero_inputs) {
   std::unordered_set<const Value*> zero;
   for (const std::string& name : zero_inputs) zero.insert(graph.get(name));
+  auto is_zero = [&](const Value* v) { return v && zero.count(v) != 0; };
   size_t dropped = 0;
   for (Node* n : graph.topological_order()) {
-    if (!n->domain.empty() || n->outputs().size() != 1 || !n->output(0)) continue;
-    Value* y = n->output(0);
-    if (n->op_type == "Identity" && zero.count(n->input(0))) {
-      zero.insert(y);
+    if (!n->domain.empty() || n->inputs().empty()) continue;
+    const std::string& op = n->op_type;
+    const auto& in = n->inputs();
+    bool all_zero = std::all_of(in.begin(), in.end(), is_zero);
+    if ((zero_from_first_input(op) && is_zero(in[0])) ||
+        ((op == "Concat" || op == "Add" || op == "Sub") && all_zero) ||
+        (op == "Mul" && std::any_of(in.begin(), in.end(), is_zero))) {
+      for (Value* y : n->outputs())
+        if (y) zero.insert(y);
       continue;
     }
-    if (n->op_type != "Add" || n->inputs().size() != 2 || is_graph_output(graph, y)) continue;
+    Value* y = n->output(0);
+    if (op != "Add" || in.size() != 2 || !y || is_graph_output(graph, y)) continue;
     for (size_t i = 0; i < 2; ++i) {
-      Value* x = n->input(1 - i);
-      if (!zero.count(n->input(i)) || !x || zero.count(x) || !x->type.shape || !y->type.shape ||
+      Value* x = in[1 - i];
+      if (!is_zero(in[i]) || !x || !x->type.shape || !y->type.shape ||
           *x->type.shape != *y->type.shape || x->type.dtype != y->type.dtype)
         continue;
       graph.replace_all_uses(y, x);
