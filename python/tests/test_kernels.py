@@ -255,6 +255,26 @@ def test_reduce_sum_over_leading_axes(shape):
         close(out, fn(x.astype(np.float64), axis=(0, 1)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "shape, axes",
+    [((16, 2, 2, 64, 32), [2]), ((3, 70, 5, 9), [1, 2]), ((4, 3, 5), [1]), ((2, 130, 3), [-2])],
+)
+@pytest.mark.parametrize("keep", [0, 1])
+def test_reduce_sum_over_middle_axes(shape, axes, keep):
+    """A sum over a block of middle axes (the gradient of grouped-query attention's repeated keys):
+    output rows split between threads mid-row, blocks of 64 rows and the rows left over."""
+    x = randn(*shape)
+    for op, fn in (("ReduceSum", np.sum), ("ReduceMean", np.mean)):
+        (out,) = run_node(
+            op,
+            {"x": x, "axes": np.array(axes, np.int64)},
+            {"keepdims": keep},
+            constant_inputs=("axes",),
+        )
+        ref = fn(x.astype(np.float64), axis=tuple(axes), keepdims=bool(keep))
+        close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_reduce_sum_long_row_is_accurate():
     x = (rng.random((2, 100_003)) + 1000).astype(np.float32)
     (out,) = run_node(

@@ -41,40 +41,50 @@ void reduce(KernelContext& ctx) {
   if ((K == Kind::kMax || K == Kind::kMin) && cols == 0 && x.numel() == 0 &&
       shape_numel(out_shape) > 0)
     ctx.fail("cannot take the max or min of an empty set");
-  // Only leading axes reduced (a bias gradient): add rows into the output, vectorized.
-  bool leading = !tail.empty();
-  for (size_t i = 0; i < tail.size(); ++i) leading &= tail[i] == static_cast<int64_t>(i);
-  if (leading && !perm.empty() && (K == Kind::kSum || K == Kind::kMean) && cols > 0) {
+  // The reduced axes one block that is not last: leading (a bias gradient) or in the middle (the
+  // gradient of a repeat, as grouped-query attention's keys): each output row of `width` elements
+  // sums `cols` rows of x, added row by row, vectorized.
+  bool block = !tail.empty() && tail.back() + 1 < rank &&
+               tail.back() - tail.front() + 1 == static_cast<int64_t>(tail.size());
+  if (block && (K == Kind::kSum || K == Kind::kMean) && cols > 0) {
     Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
-    int64_t width = out.numel();
+    int64_t width = 1;
+    for (int64_t i = tail.back() + 1; i < rank; ++i) width *= x.dim(static_cast<size_t>(i));
+    int64_t outer = width ? out.numel() / width : 0;
     const float* px = x.data<float>();
     float* po = out.data<float>();
     float scale = K == Kind::kMean ? 1.0f / static_cast<float>(cols) : 1.0f;
-    parallel_for(ctx, width, cols, [&](int64_t lo, int64_t hi) {
-      std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
-      std::vector<float> part(static_cast<size_t>(hi - lo));
-      // Blocks of 64 rows in float, blocks summed in double: accurate and vectorized. Four rows
-      // at a time go into the partial sums (one load and store of them per four rows).
-      const int64_t w = hi - lo;
+    parallel_for(ctx, outer * width, cols, [&](int64_t lo, int64_t hi) {
+      std::vector<double> acc(static_cast<size_t>(std::min(hi - lo, width)));
+      std::vector<float> part(acc.size());
       float* pp = part.data();
-      for (int64_t r0 = 0; r0 < cols; r0 += 64) {
-        std::fill(part.begin(), part.end(), 0.0f);
-        const int64_t r1 = std::min(cols, r0 + 64);
-        int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-          const float* a = px + r * width + lo;
-          const float *b = a + width, *c = b + width, *d = c + width;
-          for (int64_t j = 0; j < w; ++j) pp[j] += (a[j] + b[j]) + (c[j] + d[j]);
+      for (int64_t at = lo; at < hi;) {
+        // Columns [j0, j1) of output row o.
+        int64_t o = at / width, j0 = at % width, j1 = std::min(width, j0 + (hi - at)), w = j1 - j0;
+        const float* rows = px + o * cols * width + j0;
+        std::fill(acc.begin(), acc.begin() + w, 0.0);
+        // Blocks of 64 rows in float, blocks summed in double: accurate and vectorized. Four
+        // rows at a time go into the partial sums (one load and store of them per four rows).
+        for (int64_t r0 = 0; r0 < cols; r0 += 64) {
+          std::fill(pp, pp + w, 0.0f);
+          const int64_t r1 = std::min(cols, r0 + 64);
+          int64_t r = r0;
+          for (; r + 4 <= r1; r += 4) {
+            const float* a = rows + r * width;
+            const float *b = a + width, *c = b + width, *d = c + width;
+            for (int64_t j = 0; j < w; ++j) pp[j] += (a[j] + b[j]) + (c[j] + d[j]);
+          }
+          for (; r < r1; ++r) {
+            const float* row = rows + r * width;
+            for (int64_t j = 0; j < w; ++j) pp[j] += row[j];
+          }
+          for (int64_t j = 0; j < w; ++j) acc[static_cast<size_t>(j)] += pp[j];
         }
-        for (; r < r1; ++r) {
-          const float* row = px + r * width + lo;
-          for (int64_t j = 0; j < w; ++j) pp[j] += row[j];
-        }
-        for (int64_t j = 0; j < hi - lo; ++j)
-          acc[static_cast<size_t>(j)] += part[static_cast<size_t>(j)];
+        float* dst = po + o * width + j0;
+        for (int64_t j = 0; j < w; ++j)
+          dst[j] = static_cast<float>(acc[static_cast<size_t>(j)]) * scale;
+        at += w;
       }
-      for (int64_t j = lo; j < hi; ++j)
-        po[j] = static_cast<float>(acc[static_cast<size_t>(j - lo)]) * scale;
     });
     return;
   }
