@@ -169,18 +169,19 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"recognize_gelu", "recognize_attention",
-                                             "fuse_loss_gradient", "stash_gelu_derivative",
-                                             "identities", "constant_folding", "dead_code",
-                                             "fold_transposes", "fuse_softmax", "fuse_layer_norm",
-                                             "gelu_grad_from_output", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "recognize_gelu", "recognize_rms_norm", "recognize_attention",
+                       "fuse_loss_gradient", "stash_gelu_derivative", "identities",
+                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
+                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 4u);
+  ASSERT_EQ(before.size(), 5u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
-  EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_attention", 0}));
-  EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
-  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
+  EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_rms_norm", 0}));
+  EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"recognize_attention", 0}));
+  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
+  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -296,7 +297,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_attention, fuse_loss_gradient, "
+    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_rms_norm, recognize_attention, "
+                       "fuse_loss_gradient, "
                        "stash_gelu_derivative, identities, "
                        "constant_folding, dead_code, "
                        "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, "
@@ -304,6 +306,92 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
                        "memory_plan"),
               std::string::npos);
   }
+}
+
+// ---- recognize_rms_norm ------------------------------------------------------------------------
+
+enum class RmsSpelling { kLlama, kDivNoWeight, kPowWeightFirst };
+
+// x [2, 5, 16] (and w [16]) -> RMSNorm written out in one of its spellings. With `other_reader`,
+// the mean of squares is also a graph output.
+Graph spelled_rms_norm(RmsSpelling sp, int64_t axis = -1, bool other_reader = false) {
+  Graph g;
+  g.name = "rms";
+  g.opset_imports[""] = 18;
+  g.opset_imports[GT] = 1;
+  Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(5), SymDim(16)}});
+  Value* w = g.add_input("w", {DType::kFloat32, SymShape{SymDim(16)}});
+  auto scalar_init = [&](float v) {
+    return g.add_initializer(g.unique_name("c"),
+                             Tensor::from_vector<float>(DType::kFloat32, {}, {v}));
+  };
+  Value* sq = sp == RmsSpelling::kDivNoWeight ? g.add_op("Mul", {x, x})
+                                              : g.add_op("Pow", {x, scalar_init(2.0f)});
+  Value* axes = g.add_initializer(
+      "axes", Tensor::from_vector<int64_t>(DType::kInt64, {1}, std::vector<int64_t>{axis}));
+  Value* ms = g.add_op("ReduceMean", {sq, axes}, {{"keepdims", Attribute::of(int64_t{1})}});
+  Value* eps = scalar_init(1e-6f);
+  Value* var =
+      sp == RmsSpelling::kPowWeightFirst ? g.add_op("Add", {eps, ms}) : g.add_op("Add", {ms, eps});
+  Value* y = nullptr;
+  switch (sp) {
+    case RmsSpelling::kLlama: {
+      Value* r = g.add_op("Reciprocal", {g.add_op("Sqrt", {var})});
+      y = g.add_op("Mul", {w, g.add_op("Mul", {x, r})});
+      break;
+    }
+    case RmsSpelling::kDivNoWeight:
+      y = g.add_op("Div", {x, g.add_op("Sqrt", {var})});
+      break;
+    case RmsSpelling::kPowWeightFirst: {
+      Value* r = g.add_op("Pow", {var, scalar_init(-0.5f)});
+      y = g.add_op("Mul", {g.add_op("Mul", {r, x}), w});
+      break;
+    }
+  }
+  g.add_output(g.add_op("Exp", {y}));
+  if (other_reader) g.add_output(ms);
+  infer_shapes(g);
+  return g;
+}
+
+std::vector<float> run_rms(Graph g) {
+  std::vector<float> xs(160), ws(16);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i)) * 2.0f;
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.5f + 0.1f * static_cast<float>(i);
+  Session s(std::move(g));
+  Tensor y = s.run(std::vector<Tensor>{Tensor::from_vector(DType::kFloat32, {2, 5, 16}, xs),
+                                       Tensor::from_vector(DType::kFloat32, {16}, ws)})[0];
+  return std::vector<float>(y.data<float>(), y.data<float>() + y.numel());
+}
+
+TEST_F(PassesTest, RecognizeRmsNormBecomesOneOpWhateverTheSpelling) {
+  for (RmsSpelling sp :
+       {RmsSpelling::kLlama, RmsSpelling::kDivNoWeight, RmsSpelling::kPowWeightFirst}) {
+    Graph g = spelled_rms_norm(sp);
+    std::vector<float> before = run_rms(clone_graph(g));
+    ASSERT_EQ(recognize_rms_norm(g), 1u) << static_cast<int>(sp);
+    EXPECT_EQ(count(g, "RMSNormalization"), 1u);
+    EXPECT_EQ(g.num_nodes(), 2u);  // RMSNormalization and the Exp after it
+    for (Node* n : g.nodes())
+      if (n->op_type == "RMSNormalization") {
+        EXPECT_EQ(n->input(0)->name(), "x");
+        EXPECT_EQ(n->input(1)->name() == "w", sp != RmsSpelling::kDivNoWeight);  // else ones
+        EXPECT_FLOAT_EQ(n->attr_float("epsilon", 0.0f), 1e-6f);
+      }
+    std::vector<float> after = run_rms(std::move(g));
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < after.size(); ++i)
+      EXPECT_NEAR(after[i], before[i], 1e-5f * std::fabs(before[i])) << i;
+  }
+}
+
+TEST_F(PassesTest, RecognizeRmsNormLeavesOtherAxesAndSharedValues) {
+  Graph other_axis = spelled_rms_norm(RmsSpelling::kLlama, 1);
+  EXPECT_EQ(recognize_rms_norm(other_axis), 0u);
+  Graph shared = spelled_rms_norm(RmsSpelling::kLlama, -1, true);
+  EXPECT_EQ(recognize_rms_norm(shared), 0u);
+  EXPECT_EQ(count(shared, "ReduceMean"), 1u);
 }
 
 // ---- constant_folding and fuse_elementwise ------------------------------------------------------

@@ -267,6 +267,18 @@ CASES = [
         {"axis": 1},
         n_out=1,
     ),
+    # RMSNorm rows of 64 (in registers: 4 or 8 vectors), 37 and 300 (the plain loops)
+    *[
+        Case(
+            "RMSNormalization",
+            {"x": randn(*shape) * 2 + 0.5, "w": randn(shape[-1])},
+            ["x", "w"],
+            lambda x, w: F.rms_norm(x, (w.shape[0],), w, 1e-5),
+            {"axis": -1, "epsilon": 1e-5},
+            domain="graphtrain",
+        )
+        for shape in [(5, 64), (3, 2, 37), (4, 300)]
+    ],
     Case(
         "ReduceSum",
         {"x": randn(3, 4, 5), "axes": np.array([1], np.int64)},

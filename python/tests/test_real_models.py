@@ -263,3 +263,24 @@ def test_gpt2_gelu_runs_as_one_op(tmp_path):
     assert ops(forward).count("Gelu") + ops(forward).count("GeluTanh") == layers
     grads = [n for n in backward.node if n.op_type == "GeluGrad"]
     assert len(grads) == layers and all(len(n.input) == 3 for n in grads)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "t5"])
+def test_rms_norms_run_as_one_op(name, tmp_path):
+    """Llama's, Mistral's and T5's RMSNorm (x * rsqrt(mean(x^2) + eps) * w in elementary ops)
+    becomes one RMSNormalization before autodiff (recognize_rms_norm), each norm its own, and the
+    backward one RMSNormalizationGrad each; the gradients still match eager (test above)."""
+    model = build(name)
+    norms = sum(type(m).__name__.endswith(("RMSNorm", "T5LayerNorm")) for m in model.modules())
+    gm = GraphModule(
+        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="r", save_path=str(tmp_path))
+    )
+    gm(**inputs(name, 2, seed=0)).loss.backward()
+    forward, backward = (
+        onnx.load(tmp_path / f"r_train_training_{kind}.onnx").graph
+        for kind in ("forward", "backward")
+    )
+    assert norms >= 5
+    assert [n.op_type for n in forward.node].count("RMSNormalization") == norms
+    assert "ReduceMean" not in [n.op_type for n in forward.node]
+    assert [n.op_type for n in backward.node].count("RMSNormalizationGrad") == norms

@@ -45,6 +45,11 @@ std::vector<std::pair<std::string, size_t>> optimize_graph(Graph& graph, const s
 // recognized by its values at sample points, becomes one Gelu; returns how many. Before autodiff.
 size_t recognize_gelu(Graph& graph);
 
+// RMSNorm written out (X / sqrt(mean(X^2 over the last axis) + eps) [* W]: Llama, Mistral, T5,
+// Gemma, torch's rms_norm) becomes one graphtrain::RMSNormalization; returns how many. Before
+// autodiff.
+size_t recognize_rms_norm(Graph& graph);
+
 // Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention; an
 // Attention between Transposes of the heads reads and writes [..., t, h, d] in place
 // (heads_inside), and one whose Q, K, V are the parts of one Split reads the split tensor (packed).

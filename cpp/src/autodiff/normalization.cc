@@ -1,4 +1,4 @@
-// Gradient rules: LayerNormalization and BatchNormalization.
+// Gradient rules: LayerNormalization, RMSNormalization and BatchNormalization.
 #include "graphtrain/autodiff.h"
 #include "graphtrain/ops.h"
 
@@ -20,6 +20,14 @@ void layer_norm(Ctx& c) {
     if (g[i]) c.set_grad(i, g[i]);
 }
 
+void rms_norm(Ctx& c) {
+  std::vector<Value*> g =
+      c.op_n("RMSNormalizationGrad", {c.output_grad(0), c.input(0), c.input(1), c.output(1)}, 2,
+             {{"axis", int_attr(c.node().attr_int("axis", -1))}}, GT, {c.wants(0), c.wants(1)});
+  for (size_t i = 0; i < 2; ++i)
+    if (g[i]) c.set_grad(i, g[i]);
+}
+
 void batch_norm(Ctx& c) {
   const Node& n = c.node();
   std::vector<Value*> g =
@@ -34,6 +42,7 @@ void batch_norm(Ctx& c) {
 
 const bool registered = [] {
   register_gradient("", "LayerNormalization", layer_norm);
+  register_gradient(GT, "RMSNormalization", rms_norm);
   register_gradient("", "BatchNormalization", batch_norm);
   register_gradient(GT, "BatchNormalization", batch_norm);
   return true;

@@ -16,6 +16,10 @@ const std::vector<Pass>& pass_pipeline() {
        "GELU written out in elementwise ops (transformers' NewGELU, FastGELU, x/2 (1 + erf)) "
        "becomes one Gelu, before autodiff",
        recognize_gelu, true},
+      {"recognize_rms_norm",
+       "RMSNorm written out (x / sqrt(mean(x^2) + eps) * w: Llama, Mistral, T5, Gemma) becomes "
+       "one RMSNormalization, one pass over each row forward and backward, before autodiff",
+       recognize_rms_norm, true},
       {"recognize_attention",
        "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads (and a "
        "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "

@@ -1,4 +1,5 @@
-// Shape inference: LayerNormalization, BatchNormalization and their gradient ops.
+// Shape inference: LayerNormalization, RMSNormalization, BatchNormalization and their gradient
+// ops.
 #include <algorithm>
 
 #include "graphtrain/ops.h"
@@ -26,6 +27,23 @@ void layer_norm(InferenceContext& ctx) {
   ctx.set_output(2, stash, stat);
 }
 
+// graphtrain::RMSNormalization(X, Scale) -> (Y, InvStdDev): LayerNormalization's without Mean.
+void rms_norm(InferenceContext& ctx) {
+  const SymShape* in = ctx.input_shape(0);
+  DType dtype = ctx.input_dtype(0);
+  if (!in) {
+    ctx.set_output(0, dtype, std::nullopt);
+    ctx.set_output(1, DType::kFloat32, std::nullopt);
+    return;
+  }
+  int64_t rank = static_cast<int64_t>(in->size());
+  int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", -1), rank);
+  ctx.set_output(0, dtype, *in);
+  SymShape stat = *in;
+  for (int64_t i = axis; i < rank; ++i) stat[static_cast<size_t>(i)] = SymDim(1);
+  ctx.set_output(1, DType::kFloat32, stat);
+}
+
 void batch_norm(InferenceContext& ctx) {
   const SymShape* x = ctx.input_shape(0);
   DType dtype = ctx.input_dtype(0);
@@ -47,6 +65,16 @@ const bool registered = [] {
   register_shape_inferer(GT, "AddLayerNormalization", [](InferenceContext& ctx) {
     layer_norm(ctx);
     infer_like_input(ctx, 3, 0);
+  });
+  register_shape_inferer(GT, "RMSNormalization", rms_norm);
+  // (A, R, Scale, [Bias]) -> RMSNormalization's outputs and the sum A + R (+ Bias).
+  register_shape_inferer(GT, "AddRMSNormalization", [](InferenceContext& ctx) {
+    rms_norm(ctx);
+    infer_like_input(ctx, 2, 0);
+  });
+  register_shape_inferer(GT, "RMSNormalizationGrad", [](InferenceContext& ctx) {
+    infer_like_input(ctx, 0, 1);
+    infer_like_input(ctx, 1, 2);
   });
   register_shape_inferer("", "BatchNormalization", batch_norm);
   register_shape_inferer(kGraphtrainDomain, "BatchNormalization", batch_norm);

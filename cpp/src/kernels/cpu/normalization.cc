@@ -13,9 +13,12 @@ namespace {
 // LayerNormalization(X, Scale, [B]) over the dims from `axis` on, with outputs (Y, Mean,
 // InvStdDev); and graphtrain::AddLayerNormalization(A, R, Scale, [B], [Bias]), the residual add
 // fused in (fuse_layer_norm): X = A + R (+ Bias over the last dims) is output 3, written in the
-// same pass over each row.
+// same pass over each row. graphtrain::RMSNormalization(X, Scale) -> (Y, InvStdDev) and
+// graphtrain::AddRMSNormalization(A, R, Scale, [Bias]) -> (Y, InvStdDev, X) are the same with the
+// mean taken as 0 and no B: Y = X / sqrt(mean(X^2) + eps) * Scale.
 template <bool kAdd>
 void layer_norm(KernelContext& ctx) {
+  const bool rms = ctx.node().op_type.find("RMS") != std::string::npos;
   const size_t k = kAdd ? 1 : 0;  // inputs after X (or A, R) start here
   const Tensor& x = ctx.input(0);
   const Tensor& scale = ctx.input(k + 1);
@@ -27,10 +30,12 @@ void layer_norm(KernelContext& ctx) {
   int64_t rows = cols ? x.numel() / cols : 0;
   if (scale.numel() != cols) ctx.fail(str_cat("Scale must have ", cols, " elements"));
   const float* bias = nullptr;
-  if (ctx.has_input(k + 2)) {
+  if (!rms && ctx.has_input(k + 2)) {
     if (ctx.input(k + 2).numel() != cols) ctx.fail(str_cat("B must have ", cols, " elements"));
     bias = ctx.input(k + 2).data<float>();
   }
+  // Outputs: (Y, Mean, InvStdDev, Sum), or (Y, InvStdDev, Sum) for RMSNormalization.
+  const size_t mean_at = rms ? 0 : 1, inv_at = rms ? 1 : 2, sum_at = rms ? 2 : 3;
   const float* pr = nullptr;   // the residual R
   const float* pab = nullptr;  // the bias added to A
   float* ps = nullptr;         // the sum
@@ -38,25 +43,27 @@ void layer_norm(KernelContext& ctx) {
     if (ctx.input(1).shape() != x.shape())
       ctx.fail("A and R must have the same shape, got " + ctx.input(1).describe());
     pr = ctx.input(1).data<float>();
-    if (ctx.has_input(4)) {
-      if (ctx.input(4).numel() != cols) ctx.fail(str_cat("Bias must have ", cols, " elements"));
-      pab = ctx.input(4).data<float>();
+    const size_t bias_at = rms ? 3 : 4;
+    if (ctx.has_input(bias_at)) {
+      if (ctx.input(bias_at).numel() != cols)
+        ctx.fail(str_cat("Bias must have ", cols, " elements"));
+      pab = ctx.input(bias_at).data<float>();
     }
-    ps = ctx.allocate_output(3, F32, x.shape()).data<float>();
+    ps = ctx.allocate_output(sum_at, F32, x.shape()).data<float>();
   }
   Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
   Shape stat_shape = x.shape();
   for (int64_t i = axis; i < rank; ++i) stat_shape[static_cast<size_t>(i)] = 1;
-  float* mean_out = ctx.output_requested(1)
-                        ? ctx.allocate_output(1, DType::kFloat32, stat_shape).data<float>()
+  float* mean_out = mean_at && ctx.output_requested(mean_at)
+                        ? ctx.allocate_output(mean_at, DType::kFloat32, stat_shape).data<float>()
                         : nullptr;
-  float* inv_out = ctx.output_requested(2)
-                       ? ctx.allocate_output(2, DType::kFloat32, stat_shape).data<float>()
+  float* inv_out = ctx.output_requested(inv_at)
+                       ? ctx.allocate_output(inv_at, DType::kFloat32, stat_shape).data<float>()
                        : nullptr;
   const float* px = x.data<float>();
   const float* g = scale.data<float>();
   float* py = y.data<float>();
-  LayerNormRows in_registers{px, pr, pab, ps, g, bias, eps, py, mean_out, inv_out, cols};
+  LayerNormRows in_registers{px, pr, pab, ps, g, bias, eps, py, mean_out, inv_out, cols, rms};
   parallel_for(ctx, rows, cols * (kAdd ? 4 : 3), [&](int64_t lo, int64_t hi) {
     if (vec_layer_norm_rows(in_registers, lo, hi)) return;
     for (int64_t r = lo; r < hi; ++r) {
@@ -73,7 +80,7 @@ void layer_norm(KernelContext& ctx) {
         for (; i < cols; ++i) sr[i] = pab ? xr[i] + rr[i] + pab[i] : xr[i] + rr[i];
         xr = sr;
       }
-      float mean = vec::sum(xr, cols) / static_cast<float>(cols);
+      float mean = rms ? 0.0f : vec::sum(xr, cols) / static_cast<float>(cols);
       float sq = vec::sum_sq_centered(xr, cols, mean);
       float inv = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
       if (bias)
@@ -174,12 +181,15 @@ void batch_norm(KernelContext& ctx) {
   });
 }
 
+// LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev, [R]) -> (dX, dScale, dB), and
+// RMSNormalizationGrad(dY, X, Scale, InvStdDev, [R]) -> (dX, dScale): R a gradient added to dX.
 void layer_norm_grad(KernelContext& ctx) {
+  const bool rms = ctx.node().op_type.find("RMS") != std::string::npos;
+  const size_t inv_at = rms ? 3 : 4, res_at = rms ? 4 : 5;
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   const Tensor& scale = ctx.input(2);
-  const Tensor& mean = ctx.input(3);
-  const Tensor& inv = ctx.input(4);
+  const Tensor& inv = ctx.input(inv_at);
   int64_t rank = static_cast<int64_t>(x.rank());
   int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), rank);
   int64_t cols = 1;
@@ -188,14 +198,14 @@ void layer_norm_grad(KernelContext& ctx) {
   const float* g = dy.data<float>();
   const float* px = x.data<float>();
   const float* w = scale.data<float>();
-  const float* pm = mean.data<float>();
+  const float* pm = rms ? nullptr : ctx.input(3).data<float>();
   const float* pi = inv.data<float>();
-  // Input 5 (fuse_layer_norm): a gradient added to dX, the residual's.
+  // R (fuse_layer_norm): a gradient added to dX, the residual's.
   const float* acc = nullptr;
-  if (ctx.has_input(5)) {
-    if (ctx.input(5).shape() != x.shape())
-      ctx.fail("the gradient to add must have X's shape, got " + ctx.input(5).describe());
-    acc = ctx.input(5).data<float>();
+  if (ctx.has_input(res_at)) {
+    if (ctx.input(res_at).shape() != x.shape())
+      ctx.fail("the gradient to add must have X's shape, got " + ctx.input(res_at).describe());
+    acc = ctx.input(res_at).data<float>();
   }
   float* dx =
       ctx.output_requested(0) ? ctx.allocate_output(0, F32, x.shape()).data<float>() : nullptr;
@@ -219,12 +229,12 @@ void layer_norm_grad(KernelContext& ctx) {
         std::fill(bw.begin(), bw.end(), 0.0f);
         std::fill(bb.begin(), bb.end(), 0.0f);
         const int64_t r1 = std::min(end, r0 + kBlock);
-        LayerNormGradRows in_registers{g, px, w, pm, pi, acc, dx, bw.data(), bb.data(), cols};
+        LayerNormGradRows in_registers{g, px, w, pm, pi, acc, dx, bw.data(), bb.data(), cols, rms};
         if (!vec_layer_norm_grad_rows(in_registers, r0, r1))
           for (int64_t r = r0; r < r1; ++r) {
             const float* gr = g + r * cols;
             const float* xr = px + r * cols;
-            const float mu = pm[r], iv = pi[r];
+            const float mu = rms ? 0.0f : pm[r], iv = pi[r];
             const vec::f8 mu8 = vec::splat(mu), iv8 = vec::splat(iv);
             // sum of d = dy * scale and of d * xhat; dScale += dy * xhat, dBias += dy
             vec::f8 acc_d{}, acc_dx{};
@@ -248,7 +258,8 @@ void layer_norm_grad(KernelContext& ctx) {
             if (!dx) continue;
             float* dr = dx + r * cols;
             const float* ar = acc ? acc + r * cols : nullptr;
-            const vec::f8 a8 = vec::splat(inv_n * sum_d), b8 = vec::splat(inv_n * sum_dx);
+            const vec::f8 a8 = vec::splat(rms ? 0.0f : inv_n * sum_d),
+                          b8 = vec::splat(inv_n * sum_dx);
             for (i = 0; i + 8 <= cols; i += 8) {
               vec::f8 xh = (vec::load(xr + i) - mu8) * iv8;
               vec::f8 d = iv8 * (vec::load(gr + i) * vec::load(w + i) - (a8 + xh * b8));
@@ -256,7 +267,8 @@ void layer_norm_grad(KernelContext& ctx) {
             }
             for (; i < cols; ++i) {
               float xh = (xr[i] - mu) * iv;
-              float d = iv * (gr[i] * w[i] - (inv_n * sum_d + xh * (inv_n * sum_dx)));
+              float d =
+                  iv * (gr[i] * w[i] - ((rms ? 0.0f : inv_n * sum_d) + xh * (inv_n * sum_dx)));
               dr[i] = ar ? d + ar[i] : d;
             }
           }
@@ -267,7 +279,7 @@ void layer_norm_grad(KernelContext& ctx) {
       }
     }
   });
-  for (size_t out = 1; out <= 2; ++out) {
+  for (size_t out = 1; out <= (rms ? 1u : 2u); ++out) {
     if (!ctx.output_requested(out)) continue;
     float* p = ctx.allocate_output(out, F32, scale.shape()).data<float>();
     auto& parts = out == 1 ? dw : db;
@@ -337,6 +349,10 @@ const bool registered = [] {
   // dX is written row by row after the row of dY (and of the added gradient) has been read.
   register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad, 0,
                   in_place({{0, 0}, {0, 5}}));
+  register_kernel(GT, "RMSNormalization", {F32}, layer_norm<false>);
+  register_kernel(GT, "AddRMSNormalization", {F32}, layer_norm<true>);
+  register_kernel(GT, "RMSNormalizationGrad", {F32}, layer_norm_grad, 0,
+                  in_place({{0, 0}, {0, 4}}));
   register_kernel(GT, "BatchNormalizationGrad", {F32}, batch_norm_grad);
   return true;
 }();

@@ -81,8 +81,9 @@ void vec_small_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a
 // LayerNormalization over rows r0..r1 of `cols` floats, each row held in registers (one read of
 // it): y = (x - mean) / sqrt(var + eps) * gamma (+ beta), mean and inv = 1 / sqrt(var + eps) per
 // row where not null. With res, x + res (+ add, a bias over the row) is normalized and written to
-// sum (AddLayerNormalization). Returns false, doing nothing, for a row width it has no register
-// form of (not a multiple of the vector width, or over 16 vectors): the caller loops itself.
+// sum (AddLayerNormalization). With rms, the mean is taken as 0 (RMSNormalization: x / sqrt(mean
+// of x^2 + eps) * gamma). Returns false, doing nothing, for a row width it has no register form of
+// (not a multiple of the vector width, or over 16 vectors): the caller loops itself.
 struct LayerNormRows {
   const float* x = nullptr;
   const float* res = nullptr;
@@ -95,13 +96,16 @@ struct LayerNormRows {
   float* mean = nullptr;
   float* inv = nullptr;
   int64_t cols = 0;
+  bool rms = false;
 };
 bool vec_layer_norm_rows(const LayerNormRows& a, int64_t r0, int64_t r1);
 
 // LayerNormalization's gradient over rows r0..r1, each row in registers: dx = inv * (dy * w -
 // mean(dy * w) - xhat * mean(dy * w * xhat)) (+ res, a gradient to add) where dx is not null, and
-// dw[c] += dy * xhat, db[c] += dy (float partial sums the caller adds up). Returns false, doing
-// nothing, for a row width it has no register form of (over 8 vectors).
+// dw[c] += dy * xhat, db[c] += dy (float partial sums the caller adds up). With rms
+// (RMSNormalization's gradient) the mean is 0 and the mean(dy * w) term and db go: dx = inv *
+// (dy * w - xhat * mean(dy * w * xhat)). Returns false, doing nothing, for a row width it has no
+// register form of (over 8 vectors).
 struct LayerNormGradRows {
   const float* dy = nullptr;
   const float* x = nullptr;
@@ -113,6 +117,7 @@ struct LayerNormGradRows {
   float* dw = nullptr;
   float* db = nullptr;
   int64_t cols = 0;
+  bool rms = false;
 };
 bool vec_layer_norm_grad_rows(const LayerNormGradRows& a, int64_t r0, int64_t r1);
 

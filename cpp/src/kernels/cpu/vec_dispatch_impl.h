@@ -400,9 +400,12 @@ void layer_norm_rows_k(const LayerNormRows& a, int64_t r0, int64_t r1) {
         store_as(a.sum + at + k * L, v[k]);
       }
     }
-    V s = v[0];
-    for (int k = 1; k < K; ++k) s += v[k];
-    const float mean = lanes_sum(s) / n;
+    float mean = 0.0f;
+    if (!a.rms) {
+      V s = v[0];
+      for (int k = 1; k < K; ++k) s += v[k];
+      mean = lanes_sum(s) / n;
+    }
     V q{};
     for (int k = 0; k < K; ++k) {
       V c = v[k] - mean;
@@ -445,7 +448,7 @@ void layer_norm_grad_rows_k(const LayerNormGradRows& a, int64_t r0, int64_t r1) 
   const float inv_n = 1.0f / static_cast<float>(kCols);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t at = r * kCols;
-    const float mu = a.mean[r], iv = a.inv[r];
+    const float mu = a.rms ? 0.0f : a.mean[r], iv = a.inv[r];
     V xh[K], d[K], sum_d{}, sum_dx{};
     for (int k = 0; k < K; ++k) {
       V g = load_as<V>(a.dy + at + k * L);
@@ -454,10 +457,10 @@ void layer_norm_grad_rows_k(const LayerNormGradRows& a, int64_t r0, int64_t r1) 
       sum_d += d[k];
       sum_dx += d[k] * xh[k];
       store_as(a.dw + k * L, load_as<V>(a.dw + k * L) + g * xh[k]);
-      store_as(a.db + k * L, load_as<V>(a.db + k * L) + g);
+      if (!a.rms) store_as(a.db + k * L, load_as<V>(a.db + k * L) + g);
     }
     if (!a.dx) continue;
-    const float md = inv_n * lanes_sum(sum_d), mdx = inv_n * lanes_sum(sum_dx);
+    const float md = a.rms ? 0.0f : inv_n * lanes_sum(sum_d), mdx = inv_n * lanes_sum(sum_dx);
     for (int k = 0; k < K; ++k) {
       V o = iv * (d[k] - (md + xh[k] * mdx));
       if (a.res) o += load_as<V>(a.res + at + k * L);
