@@ -1,10 +1,12 @@
-// Pass fuse_layer_norm: the residual add and the LayerNorm after it run as one pass over each row.
+// Pass fuse_layer_norm: the residual add and the LayerNorm (or RMSNorm) after it run as one pass
+// over each row.
 // - Forward: LayerNormalization(A + R) (A itself may be M + Bias, Bias over the normalized dims
 //   and read by nothing else) becomes graphtrain::AddLayerNormalization(A or M, R, Scale, B,
 //   Bias), which also outputs the sum: the residual stream that later blocks and the backward
-//   read keeps its name.
-// - Backward: the LayerNorm's input gradient plus another gradient of the same shape (the
-//   residual's) becomes one LayerNormalizationGrad with that gradient as input 5.
+//   read keeps its name. graphtrain::RMSNormalization(A + R) the same, as
+//   AddRMSNormalization(A or M, R, Scale, Bias) with the sum as output 2.
+// - Backward: the norm's input gradient plus another gradient of the same shape (the residual's)
+//   becomes one LayerNormalizationGrad (RMSNormalizationGrad) with that gradient as its last input.
 #include "graphtrain/ops.h"
 #include "graphtrain/passes.h"
 #include "passes/pattern.h"
@@ -48,9 +50,11 @@ size_t fuse_layer_norm(Graph& graph) {
   infer_shapes(graph);
   size_t fused = 0;
   Pattern residual = Pattern::op({"Add"}, {Pattern::any("a"), Pattern::any("r")}, "add").shared();
-  Pattern ln = Pattern::op({"LayerNormalization"}, {residual}, "ln");
+  Pattern ln =
+      Pattern::op({"LayerNormalization", "graphtrain::RMSNormalization"}, {residual}, "ln");
   fused += rewrite_matches(graph, ln, [](Graph& g, const Match& m) {
     Node* ln = m.node("ln");
+    const bool rms = ln->op_type == "RMSNormalization";
     Node* add = m.node("add");
     Value* a = m.value("a");
     Value* r = m.value("r");
@@ -71,36 +75,41 @@ size_t fuse_layer_norm(Graph& graph) {
       bias = biased->input(1 - mi);
       a = biased->input(mi);
     }
-    std::vector<Value*> inputs = {a, r, ln->input(1),
-                                  ln->inputs().size() > 2 ? ln->input(2) : nullptr, bias};
-    Node* f = g.add_node("AddLayerNormalization", inputs, {}, kGraphtrainDomain, ln->name);
+    std::vector<Value*> inputs = {a, r, ln->input(1)};
+    if (!rms) inputs.push_back(ln->inputs().size() > 2 ? ln->input(2) : nullptr);
+    inputs.push_back(bias);
+    Node* f = g.add_node(rms ? "AddRMSNormalization" : "AddLayerNormalization", inputs, {},
+                         kGraphtrainDomain, ln->name);
     f->attributes = ln->attributes;
     f->scope = ln->scope;
     for (size_t o = 0; o < ln->outputs().size(); ++o)
       if (ln->output(o)) g.move_output(ln->output(o), f, o);
-    g.move_output(add->output(0), f, 3);
+    g.move_output(add->output(0), f, rms ? 2 : 3);
     g.remove_node(ln);
     g.remove_node(add);
     if (biased) g.remove_node(biased);
     return true;
   });
 
-  // Backward: LayerNormalizationGrad's dX + G -> LayerNormalizationGrad(..., G).
+  // Backward: LayerNormalizationGrad's dX + G -> LayerNormalizationGrad(..., G), and the same for
+  // RMSNormalizationGrad.
   for (size_t side : {0, 1}) {
     std::vector<Pattern> inputs = {Pattern::any("other"), Pattern::any("other")};
-    inputs[side] = Pattern::op({"graphtrain::LayerNormalizationGrad"}, {}, "grad");
+    inputs[side] = Pattern::op(
+        {"graphtrain::LayerNormalizationGrad", "graphtrain::RMSNormalizationGrad"}, {}, "grad");
     Pattern sum = Pattern::op({"Add"}, inputs, "add");
     fused += rewrite_matches(graph, sum, [](Graph& g, const Match& m) {
       Node* grad = m.node("grad");
       Node* add = m.node("add");
       Value* other = m.value("other");
-      if (grad->inputs().size() != 5 || !same_shape(other, grad->output(0)) ||
+      const size_t n_inputs = grad->op_type == "RMSNormalizationGrad" ? 4 : 5;
+      if (grad->inputs().size() != n_inputs || !same_shape(other, grad->output(0)) ||
           !same_shape(other, add->output(0)))
         return false;
       if (!fusable_without_cycle({grad, add})) return false;
       std::vector<Value*> inputs = grad->inputs();
       inputs.push_back(other);
-      Node* f = g.add_node("LayerNormalizationGrad", inputs, {}, kGraphtrainDomain, grad->name);
+      Node* f = g.add_node(grad->op_type, inputs, {}, kGraphtrainDomain, grad->name);
       f->attributes = grad->attributes;
       f->scope = grad->scope;
       g.move_output(add->output(0), f, 0);

@@ -8,7 +8,8 @@
 // The spellings taken: X^2 as Pow(X, 2) or X * X; ReduceMean over the last axis, keepdims; eps a
 // float scalar constant added on either side; the inverse as Reciprocal(Sqrt(.)) or Pow(., -0.5)
 // times X (either side), or X / Sqrt(.); W a float [D] (D the last dim) on either side of the
-// product. Every inner value is read by the chain alone, and X is float32.
+// product; Identity nodes (a float32 model's dtype casts) between the product and W, and before X.
+// Every inner value is read by the chain alone, and X is float32.
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,17 @@ std::optional<float> scalar_of(const Value* v) {
 Node* sole_reader(const Graph& g, const Value* v) {
   if (!v || v->uses().size() != 1 || is_graph_output(g, v)) return nullptr;
   return v->uses()[0].first;
+}
+
+// sole_reader past Identity nodes (LlamaRMSNorm's .to(input_dtype) on a float32 model), which
+// join `chain`.
+Node* sole_reader_past_identities(const Graph& g, const Value* v, std::vector<Node*>& chain) {
+  Node* n = sole_reader(g, v);
+  while (is_op(n, "Identity")) {
+    chain.push_back(n);
+    n = sole_reader(g, n->output(0));
+  }
+  return n;
 }
 
 // The input of `n` (a two-input op) other than `v`, or null when v is not exactly one of them.
@@ -106,11 +118,14 @@ std::optional<RmsChain> match_chain(const Graph& g, Node* mean) {
   }
   c.nodes.push_back(product);
   // A weight of shape [D] multiplied in.
-  Node* scale = sole_reader(g, product->output(0));
-  Value* w = other_input(scale, product->output(0));
+  std::vector<Node*> identities;
+  Node* scale = sole_reader_past_identities(g, product->output(0), identities);
+  Value* normalized = identities.empty() ? product->output(0) : identities.back()->output(0);
+  Value* w = other_input(scale, normalized);
   if (is_op(scale, "Mul") && w && w->type.dtype == DType::kFloat32 && w->type.shape &&
       w->type.shape->size() == 1 && w->type.shape->front() == sx->back()) {
     c.w = w;
+    c.nodes.insert(c.nodes.end(), identities.begin(), identities.end());
     c.nodes.push_back(scale);
   }
   if (!fusable_without_cycle(c.nodes)) return std::nullopt;
@@ -135,8 +150,13 @@ size_t recognize_rms_norm(Graph& graph) {
           Tensor::from_vector(DType::kFloat32, {*d.constant()},
                               std::vector<float>(static_cast<size_t>(*d.constant()), 1.0f)));
     }
+    // X before the Identity nodes that hand it on (LlamaRMSNorm's .to(float32)): the norm reads
+    // the residual stream, so fuse_layer_norm can take its Add (an Identity left unread goes with
+    // dead_code).
+    Value* x = c.x;
+    while (is_op(x->producer(), "Identity")) x = x->producer()->input(0);
     Node* y = c.nodes.back();
-    Node* rms = graph.add_node("RMSNormalization", {c.x, w}, {""}, kGraphtrainDomain,
+    Node* rms = graph.add_node("RMSNormalization", {x, w}, {""}, kGraphtrainDomain,
                                graph.unique_name("RMSNormalization"));
     rms->attributes["axis"] = Attribute::of(int64_t{-1});
     rms->attributes["epsilon"] = Attribute::of(c.eps);
