@@ -169,19 +169,21 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "recognize_gelu", "recognize_rms_norm", "recognize_attention",
-                       "fuse_loss_gradient", "stash_gelu_derivative", "identities",
-                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
-                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "recognize_gelu", "recognize_rms_norm", "recognize_rotary", "recognize_attention",
+                "fuse_loss_gradient", "stash_gelu_derivative", "identities", "constant_folding",
+                "dead_code", "fold_transposes", "fuse_softmax", "fuse_layer_norm",
+                "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 5u);
+  ASSERT_EQ(before.size(), 6u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
   EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_rms_norm", 0}));
-  EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"recognize_attention", 0}));
-  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
-  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
+  EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"recognize_rotary", 0}));
+  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"recognize_attention", 0}));
+  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
+  EXPECT_EQ(before[5], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -297,7 +299,8 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
   } catch (const OptionError& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
-    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_rms_norm, recognize_attention, "
+    EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_rms_norm, recognize_rotary, "
+                       "recognize_attention, "
                        "fuse_loss_gradient, "
                        "stash_gelu_derivative, identities, "
                        "constant_folding, dead_code, "
@@ -392,6 +395,73 @@ TEST_F(PassesTest, RecognizeRmsNormLeavesOtherAxesAndSharedValues) {
   Graph shared = spelled_rms_norm(RmsSpelling::kLlama, -1, true);
   EXPECT_EQ(recognize_rms_norm(shared), 0u);
   EXPECT_EQ(count(shared, "ReduceMean"), 1u);
+}
+
+// ---- recognize_rotary --------------------------------------------------------------------------
+
+// x [2, 3, 4, 8] -> cos * x + concat(-x[..., h:], x[..., :h]) * sin, Cos [1, 1, 4, 8] and Sin
+// [4, 8] broadcast over the batch and heads (the products' operands in the other order than
+// Llama's). h = 4 is transformers' rotate_half.
+Graph spelled_rotary(int64_t h) {
+  Graph g;
+  g.name = "rotary";
+  g.opset_imports[""] = 18;
+  g.opset_imports[GT] = 1;
+  Value* x =
+      g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3), SymDim(4), SymDim(8)}});
+  Value* cos =
+      g.add_input("cos", {DType::kFloat32, SymShape{SymDim(1), SymDim(1), SymDim(4), SymDim(8)}});
+  Value* sin = g.add_input("sin", {DType::kFloat32, SymShape{SymDim(4), SymDim(8)}});
+  auto ints = [&](std::vector<int64_t> v) {
+    return g.add_initializer(g.unique_name("i"),
+                             Tensor::from_vector<int64_t>(DType::kInt64, {int64_t(v.size())}, v));
+  };
+  Value* high = g.add_op("Slice", {x, ints({h}), ints({INT64_MAX}), ints({-1}), ints({1})});
+  Value* low = g.add_op("Slice", {x, ints({0}), ints({h}), ints({3})});
+  Value* rot =
+      g.add_op("Concat", {g.add_op("Neg", {high}), low}, {{"axis", Attribute::of(int64_t{-1})}});
+  Value* y = g.add_op("Add", {g.add_op("Mul", {rot, sin}), g.add_op("Mul", {cos, x})});
+  g.add_output(g.add_op("Exp", {y}));
+  infer_shapes(g);
+  return g;
+}
+
+std::vector<Tensor> run_rotary(Graph g) {
+  auto values = [](std::vector<int64_t> shape, float f) {
+    int64_t n = shape_numel(shape);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = std::sin(f * static_cast<float>(i));
+    return Tensor::from_vector(DType::kFloat32, shape, v);
+  };
+  return Session(std::move(g))
+      .run(std::vector<Tensor>{values({2, 3, 4, 8}, 0.37f), values({1, 1, 4, 8}, 0.21f),
+                               values({4, 8}, 0.13f)});
+}
+
+TEST_F(PassesTest, RecognizeRotaryBecomesOneOp) {
+  Graph g = spelled_rotary(4);
+  std::vector<Tensor> before = run_rotary(clone_graph(g));
+  ASSERT_EQ(recognize_rotary(g), 1u);
+  EXPECT_EQ(count(g, "Rotary"), 1u);
+  EXPECT_EQ(g.num_nodes(), 2u);  // Rotary and the Exp after it
+  for (Node* n : g.nodes())
+    if (n->op_type == "Rotary") {
+      EXPECT_EQ(n->input(0)->name(), "x");
+      EXPECT_EQ(n->input(1)->name(), "cos");
+      EXPECT_EQ(n->input(2)->name(), "sin");
+    }
+  std::vector<Tensor> after = run_rotary(std::move(g));
+  ASSERT_EQ(after[0].numel(), before[0].numel());
+  for (int64_t i = 0; i < after[0].numel(); ++i)
+    EXPECT_NEAR(after[0].data<float>()[i], before[0].data<float>()[i],
+                1e-5f * std::fabs(before[0].data<float>()[i]))
+        << i;
+}
+
+TEST_F(PassesTest, RecognizeRotaryLeavesOtherRotations) {
+  Graph other = spelled_rotary(3);  // a rotation by 3, not by half
+  EXPECT_EQ(recognize_rotary(other), 0u);
+  EXPECT_EQ(count(other, "Neg"), 1u);
 }
 
 // ---- constant_folding and fuse_elementwise ------------------------------------------------------

@@ -25,6 +25,15 @@ def away_from_zero(*shape):
     return np.where(np.abs(x) < 0.2, np.sign(x + 1e-9) * 0.5, x).astype(np.float32)
 
 
+def _rotary(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, inverse: int) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb (rotate_half); inverse: the transposed rotation."""
+    h = x.shape[-1] // 2
+    if inverse:
+        xs = x * s
+        return x * c + torch.cat((xs[..., h:], -xs[..., :h]), -1)
+    return x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s
+
+
 class Case:
     def __init__(
         self,
@@ -267,6 +276,20 @@ CASES = [
         {"axis": 1},
         n_out=1,
     ),
+    # the rotary embedding: heads of 32 (eight lanes) and 6 (the plain loop), Cos and Sin
+    # broadcast over batch and heads; the transposed rotation too (the gradient's)
+    *[
+        Case(
+            "Rotary",
+            {"x": randn(2, 3, 5, d), "c": randn(1, 1, 5, d), "s": randn(5, d)},
+            ["x", "c", "s"],
+            lambda x, c, s, inverse=inverse: _rotary(x, c, s, inverse),
+            {"inverse": inverse},
+            domain="graphtrain",
+        )
+        for d in (32, 6)
+        for inverse in (0, 1)
+    ],
     # RMSNorm rows of 64 (in registers: 4 or 8 vectors), 37 and 300 (the plain loops)
     *[
         Case(

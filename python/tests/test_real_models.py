@@ -287,3 +287,26 @@ def test_rms_norms_run_as_one_op(name, tmp_path):
     assert ops.count("AddRMSNormalization") >= 4
     assert "ReduceMean" not in ops
     assert [n.op_type for n in backward.node].count("RMSNormalizationGrad") == norms
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_rotary_embedding_runs_as_one_op(name, tmp_path):
+    """The rotary embedding of the queries and keys (q * cos + rotate_half(q) * sin) becomes one
+    Rotary each before autodiff (recognize_rotary), and its gradient one Rotary of the transposed
+    rotation: no Slice, Neg and Concat forward, no SliceGrad backward. Gradients match eager
+    (tests above)."""
+    model = build(name)
+    layers = model.config.num_hidden_layers
+    gm = GraphModule(
+        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="q", save_path=str(tmp_path))
+    )
+    gm(**inputs(name, 2, seed=0)).loss.backward()
+    forward, backward = (
+        [n.op_type for n in onnx.load(tmp_path / f"q_train_training_{kind}.onnx").graph.node]
+        for kind in ("forward", "backward")
+    )
+    assert forward.count("Rotary") == backward.count("Rotary") == 2 * layers
+    assert "Neg" not in forward
+    # (Mistral's backward slices the gradients of its sliding-window cache, which training leaves
+    # without gradient: that backward drops them)
+    assert "SliceGrad" not in backward or name == "mistral"

@@ -50,6 +50,10 @@ size_t recognize_gelu(Graph& graph);
 // autodiff.
 size_t recognize_rms_norm(Graph& graph);
 
+// The rotary position embedding written out (X * Cos + rotate_half(X) * Sin: Llama, Mistral,
+// Qwen2, Gemma, GPT-NeoX) becomes one graphtrain::Rotary; returns how many. Before autodiff.
+size_t recognize_rotary(Graph& graph);
+
 // Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention; an
 // Attention between Transposes of the heads reads and writes [..., t, h, d] in place
 // (heads_inside), and one whose Q, K, V are the parts of one Split reads the split tensor (packed).

@@ -20,6 +20,10 @@ const std::vector<Pass>& pass_pipeline() {
        "RMSNorm written out (x / sqrt(mean(x^2) + eps) * w: Llama, Mistral, T5, Gemma) becomes "
        "one RMSNormalization, one pass over each row forward and backward, before autodiff",
        recognize_rms_norm, true},
+      {"recognize_rotary",
+       "the rotary position embedding written out (x * cos + rotate_half(x) * sin: Llama, "
+       "Mistral, Qwen2) becomes one Rotary, forward and backward one pass, before autodiff",
+       recognize_rotary, true},
       {"recognize_attention",
        "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads (and a "
        "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "

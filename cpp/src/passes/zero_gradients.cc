@@ -18,12 +18,15 @@
 namespace graphtrain {
 namespace {
 
-// Ops whose outputs are all zero when their first input is (the others are shapes, axes, indices).
-bool zero_from_first_input(const std::string& op) {
-  static const std::unordered_set<std::string> ops = {
+// Ops whose outputs are all zero when their first input is (the others are shapes, axes, indices,
+// or factors): ONNX's, and graphtrain's gradients of Slice and Gather and its Rotary.
+bool zero_from_first_input(const Node& n) {
+  static const std::unordered_set<std::string> onnx = {
       "Identity", "Transpose", "Reshape",   "Squeeze", "Unsqueeze", "Flatten", "Expand",
       "Slice",    "Split",     "ReduceSum", "Neg",     "Cast",      "Tile"};
-  return ops.count(op) != 0;
+  static const std::unordered_set<std::string> ours = {"SliceGrad", "GatherGrad", "Rotary"};
+  return n.domain.empty() ? onnx.count(n.op_type) != 0
+                          : n.domain == kGraphtrainDomain && ours.count(n.op_type) != 0;
 }
 
 }  // namespace
@@ -34,12 +37,17 @@ size_t drop_zero_gradients(Graph& graph, const std::vector<std::string>& zero_in
   auto is_zero = [&](const Value* v) { return v && zero.count(v) != 0; };
   size_t dropped = 0;
   for (Node* n : graph.topological_order()) {
-    if (!n->domain.empty() || n->inputs().empty()) continue;
-    const std::string& op = n->op_type;
+    if (n->inputs().empty()) continue;
     const auto& in = n->inputs();
+    if (zero_from_first_input(*n) && is_zero(in[0])) {
+      for (Value* y : n->outputs())
+        if (y) zero.insert(y);
+      continue;
+    }
+    if (!n->domain.empty()) continue;
+    const std::string& op = n->op_type;
     bool all_zero = std::all_of(in.begin(), in.end(), is_zero);
-    if ((zero_from_first_input(op) && is_zero(in[0])) ||
-        ((op == "Concat" || op == "Add" || op == "Sub") && all_zero) ||
+    if (((op == "Concat" || op == "Add" || op == "Sub") && all_zero) ||
         (op == "Mul" && std::any_of(in.begin(), in.end(), is_zero))) {
       for (Value* y : n->outputs())
         if (y) zero.insert(y);

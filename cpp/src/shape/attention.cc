@@ -75,6 +75,8 @@ void attention(InferenceContext& ctx) {
 
 const bool registered = [] {
   register_shape_inferer(GT, "Attention", attention);
+  // Rotary(X, Cos, Sin) -> Y of X's shape.
+  register_shape_inferer(GT, "Rotary", [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
   // AttentionGrad(dY, Q, K, V, ..., P?) -> (dQ, dK, dV, dMask [..., Hq, Lq, Lk]); packed: (dX, -,
   // -, dMask).
   register_shape_inferer(GT, "AttentionGrad", [](InferenceContext& ctx) {

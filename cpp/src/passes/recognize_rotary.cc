@@ -1,0 +1,135 @@
+// Pass recognize_rotary (before autodiff): the rotary position embedding as transformers' Llama
+// family (Llama, Mistral, Qwen2, Gemma, GPT-NeoX, Phi) writes it,
+//   X * Cos + rotate_half(X) * Sin,  rotate_half(X) = concat(-X[..., d/2:], X[..., :d/2]),
+// becomes one graphtrain::Rotary(X, Cos, Sin) (kernels/cpu/rotary.cc): one pass over X forward in
+// place of two Slices, a Neg, a Concat and the products, and one Rotary of dY backward in place of
+// a Split, two SliceGrads that fill zeros, a Neg and the sums.
+//
+// Taken: the Add and each product in either operand order; the Slices along the last axis with
+// constant bounds (0 to d/2, d/2 to the end) and unit steps; the Concat on the last axis; X float32
+// with a known even last dim d, which Cos and Sin share and whose shape they broadcast to. Every
+// inner value is read by the pattern alone.
+#include <optional>
+#include <vector>
+
+#include "graphtrain/ops.h"
+#include "graphtrain/passes.h"
+#include "passes/pattern.h"
+
+namespace graphtrain {
+namespace {
+
+bool is_op(const Node* n, const char* op) {
+  return n && n->op_type == op && n->domain.empty();
+}
+
+std::optional<std::vector<int64_t>> ints_of(const Value* v) {
+  const Tensor* t = constant_value(v);
+  if (!t || (t->dtype() != DType::kInt64 && t->dtype() != DType::kInt32)) return std::nullopt;
+  return t->to_int64_vector();
+}
+
+// [start, end) of a Slice of the last axis (rank `rank`) with unit steps, or nullopt.
+std::optional<std::pair<int64_t, int64_t>> last_axis_slice(const Node& n, int64_t rank) {
+  if (!is_op(&n, "Slice") || n.inputs().size() < 3) return std::nullopt;
+  auto starts = ints_of(n.input(1)), ends = ints_of(n.input(2));
+  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  if (n.input(3)) {
+    auto axes = ints_of(n.input(3));
+    if (!axes || axes->size() != 1 || ((*axes)[0] != -1 && (*axes)[0] != rank - 1))
+      return std::nullopt;
+  } else if (rank != 1) {
+    return std::nullopt;
+  }
+  if (n.input(4)) {
+    auto steps = ints_of(n.input(4));
+    if (!steps || *steps != std::vector<int64_t>{1}) return std::nullopt;
+  }
+  return std::make_pair((*starts)[0], (*ends)[0]);
+}
+
+// The product's operand other than one made by a Concat (rot), and rot's producer; or nulls.
+std::pair<Node*, Value*> concat_operand(Node* mul) {
+  for (size_t i : {0, 1})
+    if (Node* p = mul->input(i) ? mul->input(i)->producer() : nullptr; is_op(p, "Concat"))
+      return {p, mul->input(1 - i)};
+  return {nullptr, nullptr};
+}
+
+// Whether `v` (float32) has last dim d and broadcasts to `shape`.
+bool broadcasts_with_last_dim(const Value* v, const SymShape& shape, const SymDim& d) {
+  if (!v || v->type.dtype != DType::kFloat32 || !v->type.shape) return false;
+  const SymShape& s = *v->type.shape;
+  if (s.empty() || s.size() > shape.size() || !(s.back() == d)) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const SymDim& a = s[s.size() - 1 - i];
+    if (!(a == shape[shape.size() - 1 - i]) && !(a == SymDim(1))) return false;
+  }
+  return true;
+}
+
+// Rotary's inputs and the nodes it replaces, for an Add that is X * Cos + rotate_half(X) * Sin.
+struct RotaryMatch {
+  Value *x = nullptr, *cos = nullptr, *sin = nullptr;
+  std::vector<Node*> nodes;  // the Add last
+};
+
+std::optional<RotaryMatch> match_rotary(const Graph& g, Node* add) {
+  if (!is_op(add, "Add") || add->inputs().size() != 2) return std::nullopt;
+  for (size_t side : {0, 1}) {
+    Node* direct = add->input(side) ? add->input(side)->producer() : nullptr;
+    Node* rotated = add->input(1 - side) ? add->input(1 - side)->producer() : nullptr;
+    if (!is_op(direct, "Mul") || !is_op(rotated, "Mul")) continue;
+    auto [cat, sin] = concat_operand(rotated);
+    if (!cat || cat->inputs().size() != 2) continue;
+    Node* neg = cat->input(0) ? cat->input(0)->producer() : nullptr;
+    Node* high = is_op(neg, "Neg") && neg->input(0) ? neg->input(0)->producer() : nullptr;
+    Node* low = cat->input(1) ? cat->input(1)->producer() : nullptr;
+    if (!high || !low || high->input(0) != low->input(0)) continue;
+    RotaryMatch m;
+    m.x = low->input(0);
+    m.sin = sin;
+    m.cos = direct->input(0) == m.x   ? direct->input(1)
+            : direct->input(1) == m.x ? direct->input(0)
+                                      : nullptr;
+    const SymShape* sx = m.x->type.shape ? &*m.x->type.shape : nullptr;
+    if (!m.cos || m.x->type.dtype != DType::kFloat32 || !sx || sx->empty() ||
+        !sx->back().is_constant())
+      continue;
+    const int64_t rank = static_cast<int64_t>(sx->size()), d = *sx->back().constant(), h = d / 2;
+    auto lo = last_axis_slice(*low, rank), hi = last_axis_slice(*high, rank);
+    int64_t axis = cat->attr_int("axis", 0);
+    if (d % 2 != 0 || !lo || !hi || *lo != std::make_pair(int64_t{0}, h) || hi->first != h ||
+        hi->second < d || (axis != -1 && axis != rank - 1) ||
+        !broadcasts_with_last_dim(m.cos, *sx, sx->back()) ||
+        !broadcasts_with_last_dim(m.sin, *sx, sx->back()))
+      continue;
+    m.nodes = {low, high, neg, cat, rotated, direct, add};
+    bool inner_read_only =
+        read_only_by(g, low->output(0), cat) && read_only_by(g, high->output(0), neg) &&
+        read_only_by(g, neg->output(0), cat) && read_only_by(g, cat->output(0), rotated) &&
+        read_only_by(g, rotated->output(0), add) && read_only_by(g, direct->output(0), add);
+    if (inner_read_only && fusable_without_cycle(m.nodes)) return m;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+size_t recognize_rotary(Graph& graph) {
+  infer_shapes(graph);
+  std::vector<RotaryMatch> matches;
+  for (Node* n : graph.topological_order())
+    if (auto m = match_rotary(graph, n)) matches.push_back(std::move(*m));
+  for (RotaryMatch& m : matches) {
+    Node* add = m.nodes.back();
+    Node* rot = graph.add_node("Rotary", {m.x, m.cos, m.sin}, {""}, kGraphtrainDomain,
+                               graph.unique_name("Rotary"));
+    rot->scope = common_scope(m.nodes);
+    graph.move_output(add->output(0), rot, 0);
+    for (auto it = m.nodes.rbegin(); it != m.nodes.rend(); ++it) graph.remove_node(*it);
+  }
+  return matches.size();
+}
+
+}  // namespace graphtrain
