@@ -171,19 +171,20 @@ TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
   EXPECT_EQ(names,
             (std::vector<std::string>{
-                "recognize_gelu", "recognize_rms_norm", "recognize_rotary", "recognize_attention",
-                "fuse_loss_gradient", "stash_gelu_derivative", "identities", "constant_folding",
-                "dead_code", "fold_transposes", "fuse_softmax", "fuse_layer_norm",
-                "gelu_grad_from_output", "fuse_elementwise"}));
+                "recognize_gelu", "recognize_rms_norm", "recognize_rotary", "recognize_silu_mul",
+                "recognize_attention", "fuse_loss_gradient", "stash_gelu_derivative", "identities",
+                "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
+                "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 6u);
+  ASSERT_EQ(before.size(), 7u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
   EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_rms_norm", 0}));
   EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"recognize_rotary", 0}));
-  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"recognize_attention", 0}));
-  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
-  EXPECT_EQ(before[5], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
+  EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"recognize_silu_mul", 0}));
+  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"recognize_attention", 0}));
+  EXPECT_EQ(before[5], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
+  EXPECT_EQ(before[6], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -300,7 +301,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
     EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_rms_norm, recognize_rotary, "
-                       "recognize_attention, "
+                       "recognize_silu_mul, recognize_attention, "
                        "fuse_loss_gradient, "
                        "stash_gelu_derivative, identities, "
                        "constant_folding, dead_code, "
@@ -1440,6 +1441,40 @@ TEST_F(PassesTest, FuseLayerNormTakesTheResidualAddBeforeAnRmsNorm) {
   EXPECT_EQ(g.outputs()[2]->name(), s->name());
   EXPECT_EQ(g.outputs()[2]->producer_output(), 2);
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
+// ---- recognize_silu_mul ------------------------------------------------------------------------
+
+// (g, u [2, 5]) -> Exp(silu(g) * u), silu written g * Sigmoid(g); the products' operands in the
+// order `swap` picks; with `shared`, the sigmoid is also a graph output.
+Graph spelled_silu_mul(bool swap, bool shared = false) {
+  Graph g;
+  g.name = "swiglu";
+  g.opset_imports[""] = 18;
+  g.opset_imports[GT] = 1;
+  Value* gate = g.add_input("g", {DType::kFloat32, SymShape{SymDim(2), SymDim(5)}});
+  Value* up = g.add_input("u", {DType::kFloat32, SymShape{SymDim(2), SymDim(5)}});
+  Value* sig = g.add_op("Sigmoid", {gate});
+  Value* silu = swap ? g.add_op("Mul", {sig, gate}) : g.add_op("Mul", {gate, sig});
+  Value* y = swap ? g.add_op("Mul", {up, silu}) : g.add_op("Mul", {silu, up});
+  g.add_output(g.add_op("Exp", {y}));
+  if (shared) g.add_output(sig);
+  infer_shapes(g);
+  return g;
+}
+
+TEST_F(PassesTest, RecognizeSiluMulBecomesOneOp) {
+  for (bool swap : {false, true}) {
+    Graph g = spelled_silu_mul(swap);
+    std::vector<Shape> shapes = {{2, 5}, {2, 5}};
+    auto before = run_all(clone_graph(g), shapes);
+    ASSERT_EQ(recognize_silu_mul(g), 1u) << swap;
+    EXPECT_EQ(g.num_nodes(), 2u);  // SiluMul and the Exp
+    EXPECT_EQ(count(g, "SiluMul"), 1u);
+    expect_near(run_all(std::move(g), shapes), before, 1e-6f);
+  }
+  Graph shared = spelled_silu_mul(false, true);
+  EXPECT_EQ(recognize_silu_mul(shared), 0u);
 }
 
 TEST_F(PassesTest, FuseLayerNormLeavesBroadcastResidualsAndOtherAxes) {

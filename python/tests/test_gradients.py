@@ -290,6 +290,14 @@ CASES = [
         for d in (32, 6)
         for inverse in (0, 1)
     ],
+    # a SwiGLU's silu(g) * u: 16- and 8-lane loops and the elements left over
+    Case(
+        "SiluMul",
+        {"g": randn(3, 37) * 3, "u": randn(3, 37)},
+        ["g", "u"],
+        lambda g, u: F.silu(g) * u,
+        domain="graphtrain",
+    ),
     # RMSNorm rows of 64 (in registers: 4 or 8 vectors), 37 and 300 (the plain loops)
     *[
         Case(

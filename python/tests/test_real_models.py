@@ -310,3 +310,26 @@ def test_rotary_embedding_runs_as_one_op(name, tmp_path):
     # (Mistral's backward slices the gradients of its sliding-window cache, which training leaves
     # without gradient: that backward drops them)
     assert "SliceGrad" not in backward or name == "mistral"
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_swiglu_runs_as_one_op(name, tmp_path):
+    """silu(gate_proj(x)) * up_proj(x) becomes one SiluMul before autodiff (recognize_silu_mul)
+    and its gradient one SiluMulGrad: no Sigmoid forward, so no sigmoid or silu stashed.
+    Gradients match eager (tests above)."""
+    model = build(name)
+    layers = model.config.num_hidden_layers
+    gm = GraphModule(
+        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="s", save_path=str(tmp_path))
+    )
+    gm(**inputs(name, 2, seed=0)).loss.backward()
+    forward, backward = (
+        onnx.load(tmp_path / f"s_train_training_{kind}.onnx").graph
+        for kind in ("forward", "backward")
+    )
+    ops = [n.op_type for n in forward.node]
+    ops += [
+        s.decode() for n in forward.node for a in n.attribute if a.name == "ops" for s in a.strings
+    ]
+    assert ops.count("SiluMul") == layers and "Sigmoid" not in ops
+    assert [n.op_type for n in backward.node].count("SiluMulGrad") == layers

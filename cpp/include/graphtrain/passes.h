@@ -54,6 +54,10 @@ size_t recognize_rms_norm(Graph& graph);
 // Qwen2, Gemma, GPT-NeoX) becomes one graphtrain::Rotary; returns how many. Before autodiff.
 size_t recognize_rotary(Graph& graph);
 
+// A SwiGLU MLP's silu(G) * U (silu written G * Sigmoid(G)) becomes one graphtrain::SiluMul, whose
+// gradient reads G and U alone; returns how many. Before autodiff.
+size_t recognize_silu_mul(Graph& graph);
+
 // Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention; an
 // Attention between Transposes of the heads reads and writes [..., t, h, d] in place
 // (heads_inside), and one whose Q, K, V are the parts of one Split reads the split tensor (packed).

@@ -114,6 +114,14 @@ const bool registered = [] {
   register_gradient(GT, "Gelu", [](Ctx& c) {
     c.set_grad(0, c.op("Mul", {c.output_grad(0), c.output(1)}));
   });
+  // graphtrain::SiluMul (recognize_silu_mul): one SiluMulGrad reading G and U, stashed as the
+  // written-out product's and sigmoid's gradients stashed them, but not the sigmoid and silu(G).
+  register_gradient(GT, "SiluMul", [](Ctx& c) {
+    std::vector<Value*> g = c.op_n("SiluMulGrad", {c.output_grad(0), c.input(0), c.input(1)}, 2, {},
+                                   GT, {c.wants(0), c.wants(1)});
+    for (size_t i = 0; i < 2; ++i)
+      if (g[i]) c.set_grad(i, g[i]);
+  });
   register_gradient("", "Cos", [](Ctx& c) {
     c.set_grad(0, c.op("Neg", {c.op("Mul", {c.output_grad(0), c.op("Sin", {c.input(0)})})}));
   });

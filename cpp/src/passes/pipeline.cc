@@ -24,6 +24,10 @@ const std::vector<Pass>& pass_pipeline() {
        "the rotary position embedding written out (x * cos + rotate_half(x) * sin: Llama, "
        "Mistral, Qwen2) becomes one Rotary, forward and backward one pass, before autodiff",
        recognize_rotary, true},
+      {"recognize_silu_mul",
+       "a SwiGLU MLP's silu(gate) * up becomes one SiluMul, whose gradient computes the sigmoid "
+       "again (no sigmoid or silu stashed), before autodiff",
+       recognize_silu_mul, true},
       {"recognize_attention",
        "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads (and a "
        "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "

@@ -80,6 +80,13 @@ const bool registered = [] {
   register_shape_inferer(kGraphtrainDomain, "Gelu", [](InferenceContext& ctx) {
     for (size_t o = 0; o < ctx.num_outputs(); ++o) infer_like_input(ctx, o, 0);
   });
+  // SiluMul(G, U) -> Y; SiluMulGrad(dY, G, U) -> (dG, dU).
+  register_shape_inferer(kGraphtrainDomain, "SiluMul",
+                         [](InferenceContext& ctx) { infer_like_input(ctx, 0, 0); });
+  register_shape_inferer(kGraphtrainDomain, "SiluMulGrad", [](InferenceContext& ctx) {
+    infer_like_input(ctx, 0, 1);
+    infer_like_input(ctx, 1, 2);
+  });
   for (const char* op : {"StopGradient", "Log1p", "Expm1"})
     register_shape_inferer(kGraphtrainDomain, op,
                            [](InferenceContext& ctx) { infer_like_input(ctx); });

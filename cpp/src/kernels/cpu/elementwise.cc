@@ -326,7 +326,7 @@ void cast_kernel(KernelContext& ctx) {
 void apply_vec_op(KernelContext& ctx, int64_t cost, VecOp op) {
   const Tensor& a = ctx.input(0);
   const float* pb = nullptr;
-  if (op == VecOp::kGeluGrad || op == VecOp::kGeluTanhGrad) {  // (dY, X)
+  if (op == VecOp::kGeluGrad || op == VecOp::kGeluTanhGrad || op == VecOp::kSiluMul) {
     if (ctx.input(1).shape() != a.shape()) ctx.fail("inputs must have the same shape");
     pb = ctx.input(1).data<float>();
   }
@@ -475,6 +475,28 @@ const bool registered = [] {
         });
       },
       0, first);
+  // graphtrain::SiluMul(G, U) = silu(G) * U (pass recognize_silu_mul: a SwiGLU MLP's gate and up
+  // projections), and its gradient SiluMulGrad(dY, G, U) -> (dG, dU) in one pass, the sigmoid
+  // computed again from G: the forward stashes neither the sigmoid nor silu(G).
+  register_kernel(GT, "SiluMul", {F32},
+                  [](KernelContext& ctx) { apply_vec_op(ctx, 5, VecOp::kSiluMul); });
+  register_kernel(GT, "SiluMulGrad", {F32}, [](KernelContext& ctx) {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& g = ctx.input(1);
+    const Tensor& u = ctx.input(2);
+    if (g.shape() != dy.shape() || u.shape() != dy.shape())
+      ctx.fail("dY, G and U must have the same shape, got " + dy.describe() + ", " + g.describe() +
+               " and " + u.describe());
+    float* dg =
+        ctx.output_requested(0) ? ctx.allocate_output(0, F32, g.shape()).data<float>() : nullptr;
+    float* du =
+        ctx.output_requested(1) ? ctx.allocate_output(1, F32, u.shape()).data<float>() : nullptr;
+    const float *pd = dy.data<float>(), *pg = g.data<float>(), *pu = u.data<float>();
+    parallel_for(ctx, dy.numel(), 6, [&](int64_t lo, int64_t hi) {
+      vec_silu_mul_grad(pd + lo, pg + lo, pu + lo, dg ? dg + lo : nullptr, du ? du + lo : nullptr,
+                        hi - lo);
+    });
+  });
   register_kernel(
       "", "Neg", {F32, I64, I32},
       [](KernelContext& ctx) {

@@ -12,6 +12,8 @@ void gelu_grad_from_output(bool tanh, const float* dy, const float* x, const flo
                            int64_t n);
 void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y, float* d,
                           int64_t n);
+void silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
+                   int64_t n);
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale);
 float cross_entropy_row(const float* x, float* g, int64_t n, int64_t label, float coef);
 void attention_softmax_t(float* t, int64_t cols, int64_t rows, const float* m, int64_t ld_m,
@@ -58,6 +60,14 @@ void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const
   if (vec_uses_avx512()) return avx512::gelu_grad_from_output(tanh, dy, x, y, out, n);
 #endif
   vec::gelu_grad_from_output<vec::f8>(tanh, dy, x, y, out, n);
+}
+
+void vec_silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
+                       int64_t n) {
+#if defined(__x86_64__)
+  if (vec_uses_avx512()) return avx512::silu_mul_grad(dy, g, u, dg, du, n);
+#endif
+  vec::silu_mul_grad<vec::f8>(dy, g, u, dg, du, n);
 }
 
 void vec_gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum, float* y,

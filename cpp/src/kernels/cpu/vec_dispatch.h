@@ -17,6 +17,8 @@ enum class VecOp {
   // two inputs (dY, X)
   kGeluGrad,
   kGeluTanhGrad,
+  // two inputs (G, U): silu(G) * U
+  kSiluMul,
 };
 
 // y[i] = op(a[i]) or op(a[i], b[i]) for i < n.
@@ -36,6 +38,11 @@ void vec_gelu_with_derivative(bool tanh, const float* a, const float* b, float* 
 // tanh with `tanh`): math::gelu_*_grad_from_output.
 void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y,
                                float* out, int64_t n);
+
+// The gradient of y = silu(g) * u (VecOp::kSiluMul) for i < n, the sigmoid computed again from g:
+// du[i] = dy silu(g) and dg[i] = dy u s (1 + g (1 - s)), s = sigmoid(g), each where not null.
+void vec_silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
+                       int64_t n);
 
 // y[i] = scale * exp(x[i] - shift) for i < n; returns the sum of exp(x[i] - shift). Every
 // x[i] - shift is at most ~88 (shift the max of x, or 0 for log-probabilities): exp's overflow

@@ -24,6 +24,11 @@ void gelu_with_derivative(bool tanh, const float* a, const float* b, float* sum,
   vec::gelu_with_derivative<vec::f16>(tanh, a, b, sum, y, d, n);
 }
 
+void silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
+                   int64_t n) {
+  vec::silu_mul_grad<vec::f16>(dy, g, u, dg, du, n);
+}
+
 float exp_sum(const float* x, float* y, int64_t n, float shift, float scale) {
   return vec::exp_sum<vec::f16>(x, y, n, shift, scale);
 }

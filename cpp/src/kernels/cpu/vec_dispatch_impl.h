@@ -253,7 +253,28 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
       return map2<V>(a, b, y, n, math::gelu_erf_grad);
     case VecOp::kGeluTanhGrad:
       return map2<V>(a, b, y, n, math::gelu_tanh_grad);
+    case VecOp::kSiluMul:
+      return map2<V>(a, b, y, n, math::silu_mul);
   }
+}
+
+template <typename V>
+void silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
+                   int64_t n) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  auto both = [&](auto d, auto gv, auto uv, auto store_g, auto store_u) {
+    auto s = math::sigmoid(gv);
+    if (du) store_u(d * (gv * s));
+    if (dg) store_g(d * uv * s * (1.0f + gv * (1.0f - s)));
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    both(
+        load_as<V>(dy + i), load_as<V>(g + i), load_as<V>(u + i), [&](V v) { store_as(dg + i, v); },
+        [&](V v) { store_as(du + i, v); });
+  for (; i < n; ++i)
+    both(
+        dy[i], g[i], u[i], [&](float v) { dg[i] = v; }, [&](float v) { du[i] = v; });
 }
 
 template <typename V>

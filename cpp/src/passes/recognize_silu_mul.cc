@@ -1,0 +1,48 @@
+// Pass recognize_silu_mul (before autodiff): a SwiGLU MLP's elementwise part, silu(G) * U (the
+// Llama family's act_fn(gate_proj(x)) * up_proj(x), silu written x * sigmoid(x) as torch's silu
+// translates), becomes one graphtrain::SiluMul(G, U).
+//
+// The written-out form's backward reads the sigmoid and silu(G), which the forward writes and
+// stashes besides G and U; SiluMul's gradient, one SiluMulGrad(dY, G, U) -> (dG, dU), computes
+// the sigmoid again from G. Per [tokens, ffn] of a step: two writes of the forward and two
+// stashed tensors fewer, and the backward one pass in place of two.
+//
+// Taken: the products in either operand order; G and U float32 of one known shape; the sigmoid and
+// silu(G) read by nothing else.
+#include "graphtrain/passes.h"
+#include "passes/pattern.h"
+
+namespace graphtrain {
+
+size_t recognize_silu_mul(Graph& graph) {
+  size_t fused = 0;
+  for (bool sigmoid_first : {false, true})
+    for (bool silu_first : {false, true}) {
+      Pattern sig = Pattern::op({"Sigmoid"}, {Pattern::any("g")}, "sigmoid");
+      Pattern silu = Pattern::op({"Mul"},
+                                 sigmoid_first ? std::vector<Pattern>{sig, Pattern::any("x")}
+                                               : std::vector<Pattern>{Pattern::any("x"), sig},
+                                 "silu");
+      Pattern product = Pattern::op({"Mul"},
+                                    silu_first ? std::vector<Pattern>{silu, Pattern::any("u")}
+                                               : std::vector<Pattern>{Pattern::any("u"), silu},
+                                    "product");
+      fused += rewrite_matches(graph, product, [](Graph& g, const Match& m) {
+        Value* x = m.value("g");
+        Value* u = m.value("u");
+        if (m.value("x") != x || !x || !u || x->type.dtype != DType::kFloat32 ||
+            u->type.dtype != DType::kFloat32 || !x->type.shape || !u->type.shape ||
+            *x->type.shape != *u->type.shape)
+          return false;
+        Node* silu = m.node("silu");
+        Node* sigmoid = m.node("sigmoid");
+        replace_node(g, m.node("product"), "SiluMul", kGraphtrainDomain, {x, u});
+        g.remove_node(silu);
+        g.remove_node(sigmoid);
+        return true;
+      });
+    }
+  return fused;
+}
+
+}  // namespace graphtrain
