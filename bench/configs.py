@@ -13,6 +13,12 @@ CONFIGS = {
     "hf-gpt2": dict(
         sizes=dict(n_embd=128, n_layer=2, n_head=4, vocab=1000), batch=16, seq=64, hf=True
     ),
+    "hf-llama": dict(
+        sizes=dict(hidden=128, ffn=344, n_layer=2, n_head=4, n_kv_head=2, vocab=1000),
+        batch=16,
+        seq=64,
+        hf=True,
+    ),
     "hf-resnet": dict(
         sizes=dict(hidden_sizes=[32, 64, 128], depths=[1, 1, 1]), batch=32, seq=1, image=32, hf=True
     ),
@@ -37,6 +43,17 @@ def hf_model(model: str):  # noqa: ANN201 - a transformers model
             attn_pdrop=0.0,
         )
         net = tf.GPT2LMHeadModel(cfg)
+    elif model == "hf-llama":
+        cfg = tf.LlamaConfig(
+            vocab_size=s["vocab"],
+            hidden_size=s["hidden"],
+            intermediate_size=s["ffn"],
+            num_hidden_layers=s["n_layer"],
+            num_attention_heads=s["n_head"],
+            num_key_value_heads=s["n_kv_head"],
+            max_position_embeddings=256,
+        )
+        net = tf.LlamaForCausalLM(cfg)
     else:
         cfg = tf.ResNetConfig(
             embedding_size=32,
@@ -54,7 +71,7 @@ def hf_inputs(model: str, seed: int) -> dict:
 
     c = CONFIGS[model]
     gen = torch.Generator().manual_seed(seed)
-    if model == "hf-gpt2":
+    if model in ("hf-gpt2", "hf-llama"):
         ids = torch.randint(0, c["sizes"]["vocab"], (c["batch"], c["seq"]), generator=gen)
         return {"input_ids": ids, "labels": ids}
     return {

@@ -328,6 +328,20 @@ def test_expand(shape, target):
     np.testing.assert_array_equal(out, x * np.ones(target, np.float32))
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.int64, np.float16, np.int32])
+def test_expand_and_transpose_of_other_element_sizes(dtype):
+    """1-, 2-, 4- and 8-byte elements: a mask [b, 1, t, 1] broadcast along its last dim (BERT's
+    extended attention mask), and a transpose that reads its rows with a stride."""
+    x = (rng.standard_normal((3, 1, 5, 1)) * 9).astype(dtype)
+    (out,) = run_node(
+        "Expand", {"x": x, "s": np.array([3, 2, 5, 7], np.int64)}, constant_inputs=("s",)
+    )
+    np.testing.assert_array_equal(out, np.broadcast_to(x, (3, 2, 5, 7)))
+    y = (rng.standard_normal((4, 3, 5)) * 9).astype(dtype)
+    (out,) = run_node("Transpose", {"x": y}, {"perm": [2, 0, 1]})
+    np.testing.assert_array_equal(out, np.transpose(y, (2, 0, 1)))
+
+
 def test_unsqueeze_squeeze_flatten():
     x = randn(3, 4)
     (u,) = run_node("Unsqueeze", {"x": x, "a": np.array([0, -1], np.int64)}, constant_inputs=("a",))

@@ -1,4 +1,5 @@
 // Shared CPU kernel helpers that are not templates.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/common.h"
@@ -6,32 +7,31 @@
 namespace graphtrain::cpu {
 namespace {
 
+template <typename T>
+void gather_strided_as(char* dst, const char* src, int64_t count, int64_t stride) {
+  auto* d = reinterpret_cast<T*>(dst);
+  auto* s = reinterpret_cast<const T*>(src);
+  if (stride == 0)  // a broadcast element (Expand of a [..., 1] mask)
+    std::fill_n(d, count, s[0]);
+  else
+    for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
+}
+
 // Copies `count` elements of size `es` from src with stride `stride` (elements) to dst densely.
 void gather_strided(char* dst, const char* src, int64_t count, int64_t stride, size_t es) {
   switch (es) {
-    case 4: {
-      auto* d = reinterpret_cast<uint32_t*>(dst);
-      auto* s = reinterpret_cast<const uint32_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    case 8: {
-      auto* d = reinterpret_cast<uint64_t*>(dst);
-      auto* s = reinterpret_cast<const uint64_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    case 2: {
-      auto* d = reinterpret_cast<uint16_t*>(dst);
-      auto* s = reinterpret_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = s[i * stride];
-      break;
-    }
-    default:
-      for (int64_t i = 0; i < count; ++i)
-        std::memcpy(dst + i * static_cast<int64_t>(es), src + i * stride * static_cast<int64_t>(es),
-                    es);
+    case 1:
+      return gather_strided_as<uint8_t>(dst, src, count, stride);
+    case 2:
+      return gather_strided_as<uint16_t>(dst, src, count, stride);
+    case 4:
+      return gather_strided_as<uint32_t>(dst, src, count, stride);
+    case 8:
+      return gather_strided_as<uint64_t>(dst, src, count, stride);
   }
+  for (int64_t i = 0; i < count; ++i)
+    std::memcpy(dst + i * static_cast<int64_t>(es), src + i * stride * static_cast<int64_t>(es),
+                es);
 }
 
 }  // namespace
