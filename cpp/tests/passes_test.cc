@@ -1130,6 +1130,38 @@ TEST_F(PassesTest, RecognizeAttentionReadsTheHeadsOfAttentionInPlace) {
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
+// Grouped-query attention as transformers writes it: 4 query heads, and keys and values of 2 heads
+// each repeated for 2 (repeat_kv: Unsqueeze, Expand, Reshape). Attention reads the 2 heads.
+TEST_F(PassesTest, RecognizeAttentionReadsGroupedKeyValueHeadsUnrepeated) {
+  Graph g = new_graph("gqa");
+  Value* q =
+      g.add_input("q", {DType::kFloat32, SymShape{SymDim(3), SymDim(4), SymDim(5), SymDim(8)}});
+  Value* k =
+      g.add_input("k", {DType::kFloat32, SymShape{SymDim(3), SymDim(2), SymDim(5), SymDim(8)}});
+  Value* v =
+      g.add_input("v", {DType::kFloat32, SymShape{SymDim(3), SymDim(2), SymDim(5), SymDim(8)}});
+  auto ints = [&](std::vector<int64_t> values) {
+    return g.add_initializer(
+        g.unique_name("c"),
+        Tensor::from_vector<int64_t>(DType::kInt64, {int64_t(values.size())}, values));
+  };
+  auto repeat_kv = [&](Value* x) {
+    Value* u = g.add_op("Unsqueeze", {x, ints({2})});
+    Value* e = g.add_op("Expand", {u, ints({3, 2, 2, 5, 8})});
+    return g.add_op("Reshape", {e, ints({3, 4, 5, 8})});
+  };
+  Node* a = g.add_node("Attention", {q, repeat_kv(k), repeat_kv(v)}, {"y", "lse", "seed"}, GT);
+  a->attributes["causal"] = Attribute::of(int64_t{1});
+  g.add_output(a->output(0));
+  std::vector<Shape> shapes = {{3, 4, 5, 8}, {3, 2, 5, 8}, {3, 2, 5, 8}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 1u);
+  Node* att = g.outputs()[0]->producer();
+  ASSERT_EQ(att->op_type, "Attention");
+  EXPECT_EQ(att->inputs(), (std::vector<Value*>{q, k, v}));
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
 // x [b, 5, 24] split into q, k and v on its last dim, each reshaped to [b, 5, 2, 4] and transposed
 // to heads, an Attention (causal or not) on them, its output transposed back: a fused qkv
 // projection's attention. Returns the Attention.

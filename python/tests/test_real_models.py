@@ -293,8 +293,8 @@ def test_rms_norms_run_as_one_op(name, tmp_path):
 def test_rotary_embedding_runs_as_one_op(name, tmp_path):
     """The rotary embedding of the queries and keys (q * cos + rotate_half(q) * sin) becomes one
     Rotary each before autodiff (recognize_rotary), and its gradient one Rotary of the transposed
-    rotation: no Slice, Neg and Concat forward, no SliceGrad backward. Gradients match eager
-    (tests above)."""
+    rotation: no Slice, Neg and Concat forward, no SliceGrad backward. Grouped key/value heads
+    reach Attention unrepeated. Gradients match eager (tests above)."""
     model = build(name)
     layers = model.config.num_hidden_layers
     gm = GraphModule(
@@ -307,6 +307,9 @@ def test_rotary_embedding_runs_as_one_op(name, tmp_path):
     )
     assert forward.count("Rotary") == backward.count("Rotary") == 2 * layers
     assert "Neg" not in forward
+    # the keys and values go to attention as their grouped heads, not repeat_kv's copies
+    # (recognize_attention): no Expand of them forward, no ReduceSum of their gradients backward
+    assert "ReduceSum" not in backward
     # (Mistral's backward slices the gradients of its sliding-window cache, which training leaves
     # without gradient: that backward drops them)
     assert "SliceGrad" not in backward or name == "mistral"

@@ -10,6 +10,9 @@
 //   in between; autodiff would stash the probabilities and build four GEMMs and a SoftmaxGrad.
 //   Attention's kernels never write the scores, skip the keys a causal or padding mask hides, and
 //   its gradient recomputes the probabilities from one log-sum-exp per row.
+// - An Attention whose K and V are transformers' repeat_kv of grouped key/value heads (Unsqueeze,
+//   Expand, Reshape: Llama, Mistral, Qwen2) reads the grouped heads: its kernels take Hq a
+//   multiple of Hk, so no repeated copies are written forward or summed backward.
 // - An Attention (from the above, or torch's scaled_dot_product_attention) whose Q, K and V are
 //   the heads transposed out of [..., t, h, d] (perm swapping the dims before the last) and whose
 //   output is transposed back the same way takes heads_inside=1: it reads [..., t, h, d] in place
@@ -243,6 +246,60 @@ std::vector<Node*> attention_nodes(const Graph& graph) {
   return found;
 }
 
+// K0 where `v` is transformers' repeat_kv of it: Reshape(Expand(Unsqueeze(K0, r - 3), [..., Hk, n,
+// L, E]), [..., Hk n, L, E]) for K0 [..., Hk, L, E] of rank r, each key/value head repeated for
+// the n query heads that read it; else null.
+Value* unrepeated_heads(const Value* v) {
+  Node* reshape = v ? v->producer() : nullptr;
+  Node* expand =
+      reshape && reshape->op_type == "Reshape" && reshape->domain.empty() && reshape->input(0)
+          ? reshape->input(0)->producer()
+          : nullptr;
+  Node* unsq = expand && expand->op_type == "Expand" && expand->domain.empty() && expand->input(0)
+                   ? expand->input(0)->producer()
+                   : nullptr;
+  if (!unsq || unsq->op_type != "Unsqueeze" || !unsq->domain.empty() || !unsq->input(0))
+    return nullptr;
+  Value* k0 = unsq->input(0);
+  const SymShape *s0 = shape_of(k0), *se = shape_of(expand->output(0)), *sv = shape_of(v);
+  if (!s0 || !se || !sv || s0->size() < 3 || se->size() != s0->size() + 1 ||
+      sv->size() != s0->size())
+    return nullptr;
+  const size_t r = s0->size(), h = r - 3;  // the heads' dim
+  const SymDim& n = (*se)[h + 1];
+  if (!n.is_constant() || !(*s0)[h].is_constant() || !(*sv)[h].is_constant() ||
+      *(*sv)[h].constant() != *(*s0)[h].constant() * *n.constant())
+    return nullptr;
+  for (size_t i = 0; i < r; ++i)
+    if (!((*se)[i < h + 1 ? i : i + 1] == (*s0)[i]) || (i != h && !((*sv)[i] == (*s0)[i])))
+      return nullptr;
+  return k0;
+}
+
+// An Attention whose K and V are repeat_kv's of grouped key/value heads reads those heads: its
+// kernels take Hq a multiple of Hk (query head h reads key/value head h / (Hq / Hk)), so the
+// forward writes no repeated copies and the backward sums no gradients over the repeats.
+size_t fold_kv_repeats(Graph& graph) {
+  size_t folded = 0;
+  for (Node* n : attention_nodes(graph)) {
+    if (n->attr_int("heads_inside", 0) != 0 || n->attr_int("packed", 0) != 0) continue;
+    Value* k = unrepeated_heads(n->input(1));
+    Value* v = unrepeated_heads(n->input(2));
+    if (!k || !v || !float32(k) || !float32(v) ||
+        !(shape_of(k)->at(shape_of(k)->size() - 3) == shape_of(v)->at(shape_of(v)->size() - 3)))
+      continue;
+    std::vector<Value*> ins = n->inputs();
+    Value *old_k = ins[1], *old_v = ins[2];
+    ins[1] = k;
+    ins[2] = v;
+    replace_attention(graph, n, ins);
+    for (Value* old : {old_k, old_v})
+      if (old->producer()) remove_if_unread(graph, old->producer());
+    ++folded;
+  }
+  return folded;
+}
+
 // Attention between Transposes of the heads -> Attention with heads_inside=1.
 size_t fold_head_transposes(Graph& graph) {
   size_t folded = 0;
@@ -385,6 +442,7 @@ size_t recognize_attention(Graph& graph) {
   infer_shapes(graph);
   size_t n = fuse_written_attention(graph);
   if (n) infer_shapes(graph);
+  n += fold_kv_repeats(graph);
   n += fold_head_transposes(graph);
   n += pack_qkv(graph);
   return n + fold_qkv_bias(graph);
