@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -265,28 +266,39 @@ def test_gpt2_gelu_runs_as_one_op(tmp_path):
     assert len(grads) == layers and all(len(n.input) == 3 for n in grads)
 
 
+def _trained_ops(name: str, folder: Path) -> tuple[list[str], list[str]]:
+    """The ops of the training forward and backward graphs of one step of real model `name`, the
+    ops inside fused elementwise programs included."""
+    gm = GraphModule(
+        build(name), graphtrain.DebugOptions(save_onnx=True, onnx_prefix="m", save_path=str(folder))
+    )
+    gm(**inputs(name, 2, seed=0)).loss.backward()
+    ops = []
+    for kind in ("forward", "backward"):
+        nodes = onnx.load(folder / f"m_train_training_{kind}.onnx").graph.node
+        names = [n.op_type for n in nodes]
+        names += [
+            s.decode() for n in nodes for a in n.attribute if a.name == "ops" for s in a.strings
+        ]
+        ops.append(names)
+    return ops[0], ops[1]
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "t5"])
 def test_rms_norms_run_as_one_op(name, tmp_path):
     """Llama's, Mistral's and T5's RMSNorm (x * rsqrt(mean(x^2) + eps) * w in elementary ops)
     becomes one RMSNormalization before autodiff (recognize_rms_norm), each norm its own, and the
     backward one RMSNormalizationGrad each; the gradients still match eager (tests above)."""
-    model = build(name)
-    norms = sum(type(m).__name__.endswith(("RMSNorm", "T5LayerNorm")) for m in model.modules())
-    gm = GraphModule(
-        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="r", save_path=str(tmp_path))
+    norms = sum(
+        type(m).__name__.endswith(("RMSNorm", "T5LayerNorm")) for m in build(name).modules()
     )
-    gm(**inputs(name, 2, seed=0)).loss.backward()
-    forward, backward = (
-        onnx.load(tmp_path / f"r_train_training_{kind}.onnx").graph
-        for kind in ("forward", "backward")
-    )
-    ops = [n.op_type for n in forward.node]
+    forward, backward = _trained_ops(name, tmp_path)
     assert norms >= 5
     # the residual add before a norm runs in its pass (fuse_layer_norm): Llama's four in-block norms
-    assert ops.count("RMSNormalization") + ops.count("AddRMSNormalization") == norms
-    assert ops.count("AddRMSNormalization") >= 4
-    assert "ReduceMean" not in ops
-    assert [n.op_type for n in backward.node].count("RMSNormalizationGrad") == norms
+    assert forward.count("RMSNormalization") + forward.count("AddRMSNormalization") == norms
+    assert forward.count("AddRMSNormalization") >= 4
+    assert "ReduceMean" not in forward
+    assert backward.count("RMSNormalizationGrad") == norms
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
@@ -295,16 +307,8 @@ def test_rotary_embedding_runs_as_one_op(name, tmp_path):
     Rotary each before autodiff (recognize_rotary), and its gradient one Rotary of the transposed
     rotation: no Slice, Neg and Concat forward, no SliceGrad backward. Grouped key/value heads
     reach Attention unrepeated. Gradients match eager (tests above)."""
-    model = build(name)
-    layers = model.config.num_hidden_layers
-    gm = GraphModule(
-        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="q", save_path=str(tmp_path))
-    )
-    gm(**inputs(name, 2, seed=0)).loss.backward()
-    forward, backward = (
-        [n.op_type for n in onnx.load(tmp_path / f"q_train_training_{kind}.onnx").graph.node]
-        for kind in ("forward", "backward")
-    )
+    layers = build(name).config.num_hidden_layers
+    forward, backward = _trained_ops(name, tmp_path)
     assert forward.count("Rotary") == backward.count("Rotary") == 2 * layers
     assert "Neg" not in forward
     # the keys and values go to attention as their grouped heads, not repeat_kv's copies
@@ -320,19 +324,7 @@ def test_swiglu_runs_as_one_op(name, tmp_path):
     """silu(gate_proj(x)) * up_proj(x) becomes one SiluMul before autodiff (recognize_silu_mul)
     and its gradient one SiluMulGrad: no Sigmoid forward, so no sigmoid or silu stashed.
     Gradients match eager (tests above)."""
-    model = build(name)
-    layers = model.config.num_hidden_layers
-    gm = GraphModule(
-        model, graphtrain.DebugOptions(save_onnx=True, onnx_prefix="s", save_path=str(tmp_path))
-    )
-    gm(**inputs(name, 2, seed=0)).loss.backward()
-    forward, backward = (
-        onnx.load(tmp_path / f"s_train_training_{kind}.onnx").graph
-        for kind in ("forward", "backward")
-    )
-    ops = [n.op_type for n in forward.node]
-    ops += [
-        s.decode() for n in forward.node for a in n.attribute if a.name == "ops" for s in a.strings
-    ]
-    assert ops.count("SiluMul") == layers and "Sigmoid" not in ops
-    assert [n.op_type for n in backward.node].count("SiluMulGrad") == layers
+    layers = build(name).config.num_hidden_layers
+    forward, backward = _trained_ops(name, tmp_path)
+    assert forward.count("SiluMul") == layers and "Sigmoid" not in forward
+    assert backward.count("SiluMulGrad") == layers

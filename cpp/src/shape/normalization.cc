@@ -10,38 +10,30 @@ namespace {
 
 constexpr const char* GT = kGraphtrainDomain;
 
-void layer_norm(InferenceContext& ctx) {
+// Y of X's shape, and outputs 1..n_stats (per-row statistics) of X's shape with the normalized
+// dims (from `axis` on) 1.
+void normalization(InferenceContext& ctx, size_t n_stats, DType stash) {
   const SymShape* in = ctx.input_shape(0);
   DType dtype = ctx.input_dtype(0);
-  if (!in) {
-    for (size_t i = 0; i < 3; ++i) ctx.set_output(i, i ? DType::kFloat32 : dtype, std::nullopt);
-    return;
+  std::optional<SymShape> stat;
+  if (in) {
+    int64_t rank = static_cast<int64_t>(in->size());
+    int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", -1), rank);
+    stat = *in;
+    for (int64_t i = axis; i < rank; ++i) (*stat)[static_cast<size_t>(i)] = SymDim(1);
   }
-  int64_t rank = static_cast<int64_t>(in->size());
-  int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", -1), rank);
-  ctx.set_output(0, dtype, *in);
-  SymShape stat = *in;
-  for (int64_t i = axis; i < rank; ++i) stat[static_cast<size_t>(i)] = SymDim(1);
-  DType stash = from_onnx(static_cast<int>(ctx.node().attr_int("stash_type", 1)));
-  ctx.set_output(1, stash, stat);
-  ctx.set_output(2, stash, stat);
+  ctx.set_output(0, dtype, in ? std::optional<SymShape>(*in) : std::nullopt);
+  for (size_t i = 1; i <= n_stats; ++i) ctx.set_output(i, stash, stat);
 }
 
-// graphtrain::RMSNormalization(X, Scale) -> (Y, InvStdDev): LayerNormalization's without Mean.
+// LayerNormalization -> (Y, Mean, InvStdDev).
+void layer_norm(InferenceContext& ctx) {
+  normalization(ctx, 2, from_onnx(static_cast<int>(ctx.node().attr_int("stash_type", 1))));
+}
+
+// graphtrain::RMSNormalization(X, Scale) -> (Y, InvStdDev).
 void rms_norm(InferenceContext& ctx) {
-  const SymShape* in = ctx.input_shape(0);
-  DType dtype = ctx.input_dtype(0);
-  if (!in) {
-    ctx.set_output(0, dtype, std::nullopt);
-    ctx.set_output(1, DType::kFloat32, std::nullopt);
-    return;
-  }
-  int64_t rank = static_cast<int64_t>(in->size());
-  int64_t axis = normalize_axis(ctx, ctx.node().attr_int("axis", -1), rank);
-  ctx.set_output(0, dtype, *in);
-  SymShape stat = *in;
-  for (int64_t i = axis; i < rank; ++i) stat[static_cast<size_t>(i)] = SymDim(1);
-  ctx.set_output(1, DType::kFloat32, stat);
+  normalization(ctx, 1, DType::kFloat32);
 }
 
 void batch_norm(InferenceContext& ctx) {
