@@ -71,6 +71,11 @@ Node* replace_node(Graph& g, Node* n, const std::string& op_type, const std::str
 // Whether v is one of the graph's outputs.
 bool is_graph_output(const Graph& g, const Value* v);
 
+// Whether n is an ONNX (default domain) node of op `op`; false for null.
+inline bool is_onnx_op(const Node* n, const char* op) {
+  return n && n->op_type == op && n->domain.empty();
+}
+
 // Whether v is read by nothing but `reader` (once) and is no graph output: a rewrite that removes
 // `reader` may remove v's producer too.
 bool read_only_by(const Graph& g, const Value* v, const Node* reader);

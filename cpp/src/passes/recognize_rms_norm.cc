@@ -20,10 +20,6 @@
 namespace graphtrain {
 namespace {
 
-bool is_op(const Node* n, const char* op) {
-  return n && n->op_type == op && n->domain.empty();
-}
-
 std::optional<float> scalar_of(const Value* v) {
   const Tensor* t = constant_value(v);
   if (!t || t->numel() != 1 || t->dtype() != DType::kFloat32) return std::nullopt;
@@ -40,7 +36,7 @@ Node* sole_reader(const Graph& g, const Value* v) {
 // join `chain`.
 Node* sole_reader_past_identities(const Graph& g, const Value* v, std::vector<Node*>& chain) {
   Node* n = sole_reader(g, v);
-  while (is_op(n, "Identity")) {
+  while (is_onnx_op(n, "Identity")) {
     chain.push_back(n);
     n = sole_reader(g, n->output(0));
   }
@@ -75,12 +71,12 @@ struct RmsChain {
 
 // The chain that starts at `mean` (a ReduceMean), or nullopt.
 std::optional<RmsChain> match_chain(const Graph& g, Node* mean) {
-  if (!is_op(mean, "ReduceMean")) return std::nullopt;
+  if (!is_onnx_op(mean, "ReduceMean")) return std::nullopt;
   RmsChain c;
   Node* sq = mean->input(0) ? mean->input(0)->producer() : nullptr;
-  if (is_op(sq, "Pow") && scalar_of(sq->input(1)) == 2.0f)
+  if (is_onnx_op(sq, "Pow") && scalar_of(sq->input(1)) == 2.0f)
     c.x = sq->input(0);
-  else if (is_op(sq, "Mul") && sq->input(0) == sq->input(1))
+  else if (is_onnx_op(sq, "Mul") && sq->input(0) == sq->input(1))
     c.x = sq->input(0);
   const SymShape* sx = c.x ? c.x->type.shape ? &*c.x->type.shape : nullptr : nullptr;
   if (!c.x || c.x->type.dtype != DType::kFloat32 || !sx || sx->empty() ||
@@ -90,29 +86,31 @@ std::optional<RmsChain> match_chain(const Graph& g, Node* mean) {
   c.nodes = {sq, mean};
   Node* add = sole_reader(g, mean->output(0));
   Value* eps = other_input(add, mean->output(0));
-  if (!is_op(add, "Add") || !scalar_of(eps)) return std::nullopt;
+  if (!is_onnx_op(add, "Add") || !scalar_of(eps)) return std::nullopt;
   c.eps = *scalar_of(eps);
   c.nodes.push_back(add);
   // The inverse RMS times X, or X over the RMS.
   Node* n = sole_reader(g, add->output(0));
   Node* product = nullptr;
-  if (is_op(n, "Sqrt")) {
+  if (is_onnx_op(n, "Sqrt")) {
     c.nodes.push_back(n);
     Node* next = sole_reader(g, n->output(0));
-    if (is_op(next, "Div") && next->input(0) == c.x && next->input(1) == n->output(0)) {
+    if (is_onnx_op(next, "Div") && next->input(0) == c.x && next->input(1) == n->output(0)) {
       product = next;
-    } else if (is_op(next, "Reciprocal")) {
+    } else if (is_onnx_op(next, "Reciprocal")) {
       c.nodes.push_back(next);
       product = sole_reader(g, next->output(0));
-      if (!is_op(product, "Mul") || other_input(product, next->output(0)) != c.x)
+      if (!is_onnx_op(product, "Mul") || other_input(product, next->output(0)) != c.x)
         return std::nullopt;
     } else {
       return std::nullopt;
     }
-  } else if (is_op(n, "Pow") && n->input(0) == add->output(0) && scalar_of(n->input(1)) == -0.5f) {
+  } else if (is_onnx_op(n, "Pow") && n->input(0) == add->output(0) &&
+             scalar_of(n->input(1)) == -0.5f) {
     c.nodes.push_back(n);
     product = sole_reader(g, n->output(0));
-    if (!is_op(product, "Mul") || other_input(product, n->output(0)) != c.x) return std::nullopt;
+    if (!is_onnx_op(product, "Mul") || other_input(product, n->output(0)) != c.x)
+      return std::nullopt;
   } else {
     return std::nullopt;
   }
@@ -122,7 +120,7 @@ std::optional<RmsChain> match_chain(const Graph& g, Node* mean) {
   Node* scale = sole_reader_past_identities(g, product->output(0), identities);
   Value* normalized = identities.empty() ? product->output(0) : identities.back()->output(0);
   Value* w = other_input(scale, normalized);
-  if (is_op(scale, "Mul") && w && w->type.dtype == DType::kFloat32 && w->type.shape &&
+  if (is_onnx_op(scale, "Mul") && w && w->type.dtype == DType::kFloat32 && w->type.shape &&
       w->type.shape->size() == 1 && w->type.shape->front() == sx->back()) {
     c.w = w;
     c.nodes.insert(c.nodes.end(), identities.begin(), identities.end());
@@ -154,7 +152,7 @@ size_t recognize_rms_norm(Graph& graph) {
     // the residual stream, so fuse_layer_norm can take its Add (an Identity left unread goes with
     // dead_code).
     Value* x = c.x;
-    while (is_op(x->producer(), "Identity")) x = x->producer()->input(0);
+    while (is_onnx_op(x->producer(), "Identity")) x = x->producer()->input(0);
     Node* y = c.nodes.back();
     Node* rms = graph.add_node("RMSNormalization", {x, w}, {""}, kGraphtrainDomain,
                                graph.unique_name("RMSNormalization"));

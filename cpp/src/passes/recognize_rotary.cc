@@ -19,10 +19,6 @@
 namespace graphtrain {
 namespace {
 
-bool is_op(const Node* n, const char* op) {
-  return n && n->op_type == op && n->domain.empty();
-}
-
 std::optional<std::vector<int64_t>> ints_of(const Value* v) {
   const Tensor* t = constant_value(v);
   if (!t || (t->dtype() != DType::kInt64 && t->dtype() != DType::kInt32)) return std::nullopt;
@@ -31,7 +27,7 @@ std::optional<std::vector<int64_t>> ints_of(const Value* v) {
 
 // [start, end) of a Slice of the last axis (rank `rank`) with unit steps, or nullopt.
 std::optional<std::pair<int64_t, int64_t>> last_axis_slice(const Node& n, int64_t rank) {
-  if (!is_op(&n, "Slice") || n.inputs().size() < 3) return std::nullopt;
+  if (!is_onnx_op(&n, "Slice") || n.inputs().size() < 3) return std::nullopt;
   auto starts = ints_of(n.input(1)), ends = ints_of(n.input(2));
   if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
   if (n.input(3)) {
@@ -51,7 +47,7 @@ std::optional<std::pair<int64_t, int64_t>> last_axis_slice(const Node& n, int64_
 // The product's operand other than one made by a Concat (rot), and rot's producer; or nulls.
 std::pair<Node*, Value*> concat_operand(Node* mul) {
   for (size_t i : {0, 1})
-    if (Node* p = mul->input(i) ? mul->input(i)->producer() : nullptr; is_op(p, "Concat"))
+    if (Node* p = mul->input(i) ? mul->input(i)->producer() : nullptr; is_onnx_op(p, "Concat"))
       return {p, mul->input(1 - i)};
   return {nullptr, nullptr};
 }
@@ -75,15 +71,15 @@ struct RotaryMatch {
 };
 
 std::optional<RotaryMatch> match_rotary(const Graph& g, Node* add) {
-  if (!is_op(add, "Add") || add->inputs().size() != 2) return std::nullopt;
+  if (!is_onnx_op(add, "Add") || add->inputs().size() != 2) return std::nullopt;
   for (size_t side : {0, 1}) {
     Node* direct = add->input(side) ? add->input(side)->producer() : nullptr;
     Node* rotated = add->input(1 - side) ? add->input(1 - side)->producer() : nullptr;
-    if (!is_op(direct, "Mul") || !is_op(rotated, "Mul")) continue;
+    if (!is_onnx_op(direct, "Mul") || !is_onnx_op(rotated, "Mul")) continue;
     auto [cat, sin] = concat_operand(rotated);
     if (!cat || cat->inputs().size() != 2) continue;
     Node* neg = cat->input(0) ? cat->input(0)->producer() : nullptr;
-    Node* high = is_op(neg, "Neg") && neg->input(0) ? neg->input(0)->producer() : nullptr;
+    Node* high = is_onnx_op(neg, "Neg") && neg->input(0) ? neg->input(0)->producer() : nullptr;
     Node* low = cat->input(1) ? cat->input(1)->producer() : nullptr;
     if (!high || !low || high->input(0) != low->input(0)) continue;
     RotaryMatch m;
