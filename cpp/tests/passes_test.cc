@@ -77,9 +77,19 @@ TEST_F(PassesTest, IdentitiesTakeOneInputConcats) {
   Node* cache = g.add_node("Concat", {r}, {"cache"});
   cache->attributes["axis"] = Attribute::of(int64_t{-1});
   g.add_output(cache->output(0));
+  // A one-input Concat of a graph input stays a copy at a graph output (no output aliases an
+  // input), and so does one of a value something else reads too.
+  Node* of_input = g.add_node("Concat", {x}, {"of_input"});
+  of_input->attributes["axis"] = Attribute::of(int64_t{0});
+  g.add_output(of_input->output(0));
+  Value* shared = g.add_op("Neg", {x});
+  Node* of_shared = g.add_node("Concat", {shared}, {"of_shared"});
+  of_shared->attributes["axis"] = Attribute::of(int64_t{0});
+  g.add_output(of_shared->output(0));
+  g.add_output(shared);
   std::vector<float> before = run(clone_graph(g));
   EXPECT_EQ(eliminate_identities(g), 2u);
-  EXPECT_EQ(count(g, "Concat"), 0u);
+  EXPECT_EQ(count(g, "Concat"), 2u);
   EXPECT_EQ(count(g, "Identity"), 1u);
   EXPECT_EQ(g.outputs()[0]->name(), "cache");
   EXPECT_EQ(g.outputs()[0]->producer()->input(0), r);

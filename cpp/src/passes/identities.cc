@@ -3,7 +3,8 @@
 // one input is its input (transformers' key/value cache concatenates a first step's keys to
 // nothing). Their readers read the input directly. A node whose output is a graph output stays, so
 // outputs keep their names and never alias a graph input; a one-input Concat there becomes an
-// Identity, which hands its input on without the Concat's copy.
+// Identity, which hands its input on without the Concat's copy, where that input is a node's
+// output no one else reads (so the graph output aliases no input and no other output).
 #include <unordered_set>
 
 #include "graphtrain/passes.h"
@@ -21,8 +22,10 @@ size_t eliminate_identities(Graph& graph) {
     Value* out = n->output(0);
     if (!out) continue;
     if (outputs.count(out)) {
-      if (!concat) continue;
-      Node* id = graph.add_node("Identity", {n->input(0)}, {""});
+      // Only a value this Concat alone reads, made by a node: the output aliases nothing else.
+      Value* in = n->input(0);
+      if (!concat || !in->producer() || in->uses().size() != 1 || outputs.count(in)) continue;
+      Node* id = graph.add_node("Identity", {in}, {""});
       id->scope = n->scope;
       graph.move_output(out, id, 0);
     } else {
