@@ -4,6 +4,7 @@ are checked against torch and finite differences in test_gradients.py."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -457,6 +458,42 @@ def test_written_out_attention_becomes_one_packed_attention(tmp_path):
         assert bias == "c_attn.bias" or "c_attn.bias" in bias, list(att[0].input)
         if op == "Attention":  # c_proj's bias Add is the only one left
             assert ops.count("Add") == 1, ops
+
+
+class _RMSNorms(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.RMSNorm(32, eps=1e-6)
+        self.bare = torch.nn.RMSNorm(32, elementwise_affine=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bare(self.norm(self.lin(x)))
+
+
+def test_torch_rms_norm_becomes_one_op(tmp_path):
+    """torch.nn.RMSNorm, with and without its weight, as graphtrain translates it (x * rsqrt(mean
+    of x^2 + eps) * w): one RMSNormalization each in the forward (recognize_rms_norm), one
+    RMSNormalizationGrad each backward, and outputs and gradients match torch's."""
+    torch.manual_seed(0)
+    model = _RMSNorms()
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="rms", save_path=str(tmp_path))
+    gm = GraphModule(copy.deepcopy(model), debug)
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    ref = model(x)
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
+    out = gm(x)
+    grads = torch.autograd.grad(out, (x, *gm.module.parameters()), g)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    onnx = pytest.importorskip("onnx")
+    for name, op in (("forward", "RMSNormalization"), ("backward", "RMSNormalizationGrad")):
+        ops = [
+            n.op_type for n in onnx.load(tmp_path / f"rms_train_training_{name}.onnx").graph.node
+        ]
+        assert ops.count(op) == 2 and "ReduceMean" not in ops, ops
 
 
 def test_packed_attention_adds_the_qkv_bias_as_it_reads():
