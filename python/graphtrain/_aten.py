@@ -562,14 +562,11 @@ def _embedding(n: torch.fx.Node, t: Translator) -> str:
         t.unsupported(n, "embedding with scale_grad_by_freq")
     table = t.value(w)
     if padding_idx not in (-1, None):
-        # The padding row reads its value but gets no gradient: that row goes through StopGradient.
-        rows = t.emit("Squeeze", [t.emit("Shape", [table], start=0, end=1), t.ints([0])])
-        row_ids = t.emit(
-            "Range", [t.const(np.array(0, np.int64)), rows, t.const(np.array(1, np.int64))]
+        # The padding row reads its value but gets no gradient: graphtrain's Gather, whose
+        # gradient skips that row (no per-step copy of the table).
+        return t.emit(
+            "Gather", [table, t.value(ids)], domain=GT, axis=0, padding_idx=int(padding_idx)
         )
-        pad = t.emit("Unsqueeze", [t.emit("Equal", [row_ids, t.ints([padding_idx])]), t.ints([1])])
-        frozen = t.emit("StopGradient", [table], domain=GT)
-        table = t.emit("Where", [pad, frozen, table])
     return t.emit("Gather", [table, t.value(ids)], axis=0)
 
 

@@ -72,10 +72,15 @@ const bool registered = [] {
   register_gradient("", "Concat", concat);
   register_gradient("", "Split", split);
   register_gradient("", "Slice", slice);
-  register_gradient("", "Gather", [](Ctx& c) {
-    c.set_grad(0, c.op("GatherGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)},
-                       {{"axis", int_attr(c.node().attr_int("axis", 0))}}, GT));
-  });
+  // ONNX's Gather, and graphtrain's, whose padding_idx row gets no gradient (an embedding's).
+  for (const char* domain : {"", GT})
+    register_gradient(domain, "Gather", [](Ctx& c) {
+      std::map<std::string, Attribute> attrs = {{"axis", int_attr(c.node().attr_int("axis", 0))}};
+      if (c.node().has_attr("padding_idx"))
+        attrs["padding_idx"] = int_attr(c.node().attr_int("padding_idx", -1));
+      c.set_grad(
+          0, c.op("GatherGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)}, attrs, GT));
+    });
   register_gradient("", "GatherElements", [](Ctx& c) {
     c.set_grad(0, c.op("GatherElementsGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)},
                        {{"axis", int_attr(c.node().attr_int("axis", 0))}}, GT));

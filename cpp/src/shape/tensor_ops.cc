@@ -379,6 +379,7 @@ const bool registered = [] {
   register_shape_inferer("", "Reshape", reshape);
   register_shape_inferer("", "Transpose", transpose);
   register_shape_inferer("", "Gather", gather);
+  register_shape_inferer(kGraphtrainDomain, "Gather", gather);
   register_shape_inferer("", "GatherElements", [](InferenceContext& ctx) {
     const SymShape* idx = ctx.input_shape(1);
     ctx.set_output(0, ctx.input_dtype(0), idx ? std::optional<SymShape>(*idx) : std::nullopt);

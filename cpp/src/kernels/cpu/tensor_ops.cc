@@ -539,6 +539,9 @@ void gather_grad(KernelContext& ctx) {
   int64_t k = static_cast<int64_t>(indices.size());
   const float* g = dy.data<float>();
   float* o = dx.data<float>();
+  // An embedding's padding row (padding_idx >= 0; torch's -1: none) gets no gradient, as torch's
+  // embedding gives it none.
+  const int64_t skip = ctx.node().attr_int("padding_idx", -1);
   // Parallel over the inner dim blocks: each thread owns columns, so the scatter-add has no races
   // and every element sums its contributions in index order (deterministic).
   parallel_for(ctx, inner, outer * k, [&](int64_t c0, int64_t c1) {
@@ -546,7 +549,7 @@ void gather_grad(KernelContext& ctx) {
       for (int64_t j = 0; j < k; ++j) {
         int64_t idx = indices[static_cast<size_t>(j)];
         if (idx < 0) idx += n;
-        if (idx < 0 || idx >= n) continue;
+        if (idx < 0 || idx >= n || idx == skip) continue;
         const float* src = g + (ob * k + j) * inner;
         float* dst = o + (ob * n + idx) * inner;
         for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
@@ -614,6 +617,9 @@ const bool registered = [] {
   register_kernel("", "Transpose", {}, transpose);
   register_kernel("", "Slice", {}, slice);
   register_kernel("", "Gather", {}, gather);
+  // graphtrain::Gather: ONNX's, with attribute padding_idx for its gradient (an embedding whose
+  // padding row gets no gradient).
+  register_kernel(GT, "Gather", {}, gather);
   register_kernel("", "Concat", {}, concat);
   register_kernel("", "Split", {}, split);
   register_kernel("", "Expand", {}, expand);
