@@ -89,31 +89,28 @@ std::optional<RmsChain> match_chain(const Graph& g, Node* mean) {
   if (!is_onnx_op(add, "Add") || !scalar_of(eps)) return std::nullopt;
   c.eps = *scalar_of(eps);
   c.nodes.push_back(add);
-  // The inverse RMS times X, or X over the RMS.
+  // The inverse RMS (Reciprocal(Sqrt(.)) or Pow(., -0.5)) times X, or X over Sqrt(.).
   Node* n = sole_reader(g, add->output(0));
+  Node* inverse = nullptr;
   Node* product = nullptr;
   if (is_onnx_op(n, "Sqrt")) {
     c.nodes.push_back(n);
     Node* next = sole_reader(g, n->output(0));
-    if (is_onnx_op(next, "Div") && next->input(0) == c.x && next->input(1) == n->output(0)) {
+    if (is_onnx_op(next, "Div") && next->input(0) == c.x && next->input(1) == n->output(0))
       product = next;
-    } else if (is_onnx_op(next, "Reciprocal")) {
-      c.nodes.push_back(next);
-      product = sole_reader(g, next->output(0));
-      if (!is_onnx_op(product, "Mul") || other_input(product, next->output(0)) != c.x)
-        return std::nullopt;
-    } else {
-      return std::nullopt;
-    }
+    else if (is_onnx_op(next, "Reciprocal"))
+      inverse = next;
   } else if (is_onnx_op(n, "Pow") && n->input(0) == add->output(0) &&
              scalar_of(n->input(1)) == -0.5f) {
-    c.nodes.push_back(n);
-    product = sole_reader(g, n->output(0));
-    if (!is_onnx_op(product, "Mul") || other_input(product, n->output(0)) != c.x)
-      return std::nullopt;
-  } else {
-    return std::nullopt;
+    inverse = n;
   }
+  if (inverse) {
+    c.nodes.push_back(inverse);
+    product = sole_reader(g, inverse->output(0));
+    if (!is_onnx_op(product, "Mul") || other_input(product, inverse->output(0)) != c.x)
+      return std::nullopt;
+  }
+  if (!product) return std::nullopt;
   c.nodes.push_back(product);
   // A weight of shape [D] multiplied in.
   std::vector<Node*> identities;

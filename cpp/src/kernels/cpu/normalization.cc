@@ -16,9 +16,8 @@ namespace {
 // same pass over each row. graphtrain::RMSNormalization(X, Scale) -> (Y, InvStdDev) and
 // graphtrain::AddRMSNormalization(A, R, Scale, [Bias]) -> (Y, InvStdDev, X) are the same with the
 // mean taken as 0 and no B: Y = X / sqrt(mean(X^2) + eps) * Scale.
-template <bool kAdd>
+template <bool kAdd, bool rms>
 void layer_norm(KernelContext& ctx) {
-  const bool rms = ctx.node().op_type.find("RMS") != std::string::npos;
   const size_t k = kAdd ? 1 : 0;  // inputs after X (or A, R) start here
   const Tensor& x = ctx.input(0);
   const Tensor& scale = ctx.input(k + 1);
@@ -183,8 +182,8 @@ void batch_norm(KernelContext& ctx) {
 
 // LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev, [R]) -> (dX, dScale, dB), and
 // RMSNormalizationGrad(dY, X, Scale, InvStdDev, [R]) -> (dX, dScale): R a gradient added to dX.
+template <bool rms>
 void layer_norm_grad(KernelContext& ctx) {
-  const bool rms = ctx.node().op_type.find("RMS") != std::string::npos;
   const size_t inv_at = rms ? 3 : 4, res_at = rms ? 4 : 5;
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
@@ -342,16 +341,16 @@ void batch_norm_grad(KernelContext& ctx) {
 }
 
 const bool registered = [] {
-  register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm<false>);
-  register_kernel(GT, "AddLayerNormalization", {F32}, layer_norm<true>);
+  register_kernel("", "LayerNormalization", {DType::kFloat32}, layer_norm<false, false>);
+  register_kernel(GT, "AddLayerNormalization", {F32}, layer_norm<true, false>);
   register_kernel("", "BatchNormalization", {DType::kFloat32}, batch_norm);
   register_kernel(kGraphtrainDomain, "BatchNormalization", {DType::kFloat32}, batch_norm);
   // dX is written row by row after the row of dY (and of the added gradient) has been read.
-  register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad, 0,
+  register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad<false>, 0,
                   in_place({{0, 0}, {0, 5}}));
-  register_kernel(GT, "RMSNormalization", {F32}, layer_norm<false>);
-  register_kernel(GT, "AddRMSNormalization", {F32}, layer_norm<true>);
-  register_kernel(GT, "RMSNormalizationGrad", {F32}, layer_norm_grad, 0,
+  register_kernel(GT, "RMSNormalization", {F32}, layer_norm<false, true>);
+  register_kernel(GT, "AddRMSNormalization", {F32}, layer_norm<true, true>);
+  register_kernel(GT, "RMSNormalizationGrad", {F32}, layer_norm_grad<true>, 0,
                   in_place({{0, 0}, {0, 4}}));
   register_kernel(GT, "BatchNormalizationGrad", {F32}, batch_norm_grad);
   return true;
