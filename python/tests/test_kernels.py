@@ -1,6 +1,8 @@
 """Every CPU kernel against a numpy or torch reference, over shapes with broadcasting, size-1 and
 empty dims, odd sizes that defeat vector widths, and strided (non-contiguous) sources."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -87,6 +89,22 @@ def test_where_and_not():
     close(out, np.where(c, x, y))
     (neg,) = run_node("Not", {"c": c}, out_types=[TensorProto.BOOL])
     np.testing.assert_array_equal(neg, ~c)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16, np.bool_])
+@pytest.mark.parametrize("cs, xs, ys", list(itertools.product([1, 1037], repeat=3)))
+def test_where_broadcasts_each_operand(dtype, cs, xs, ys):
+    # Every pair of a contiguous and a broadcast last dim among the condition and the two values
+    # (the kernel's compiled row loops), rows long enough for vector loops and for a row split
+    # between threads, elements of 4, 8, 2 and 1 bytes, and a condition that flips at random.
+    c = rng.random((3, cs)) > 0.5
+    x = (rng.standard_normal((3, xs)) * 100).astype(dtype)
+    y = (rng.standard_normal((1, ys)) * 100).astype(dtype)
+    onnx_type = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64}.get(
+        dtype, TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.BOOL
+    )
+    (out,) = run_node("Where", {"c": c, "x": x, "y": y}, out_types=[onnx_type])
+    np.testing.assert_array_equal(out, np.where(c, x, y))
 
 
 def positive(x):

@@ -209,6 +209,31 @@ void pow_kernel(KernelContext& ctx) {
   }
 }
 
+// o[i] = c[i * s0] ? x[i * s1] : y[i * s2] as a select of bit patterns, no branch: a condition
+// that flips at random (a ReLU's mask) made the branch miss every other element (2.8 ms against
+// 0.1 for MobileNetV2's [16, 48, 32, 32] ReLU6 gradient). Strides of 0 or 1 (each input contiguous
+// or one broadcast value) are compile-time constants, so the loop vectorizes.
+template <typename T, int64_t S0, int64_t S1, int64_t S2>
+void where_row(const uint8_t* __restrict c, const T* __restrict x, const T* __restrict y,
+               T* __restrict o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T m = static_cast<T>(0) - static_cast<T>(c[i * S0]);
+    o[i] = static_cast<T>((x[i * S1] & m) | (y[i * S2] & static_cast<T>(~m)));
+  }
+}
+
+template <typename T>
+using WhereRow = void (*)(const uint8_t*, const T*, const T*, T*, int64_t);
+
+// The row loop for inner strides s0, s1, s2, each 0 or 1 (Broadcaster's inner strides are).
+template <typename T>
+WhereRow<T> where_row_for(int64_t s0, int64_t s1, int64_t s2) {
+  static constexpr WhereRow<T> table[8] = {
+      where_row<T, 0, 0, 0>, where_row<T, 0, 0, 1>, where_row<T, 0, 1, 0>, where_row<T, 0, 1, 1>,
+      where_row<T, 1, 0, 0>, where_row<T, 1, 0, 1>, where_row<T, 1, 1, 0>, where_row<T, 1, 1, 1>};
+  return table[s0 * 4 + s1 * 2 + s2];
+}
+
 void where_kernel(KernelContext& ctx) {
   const Tensor& c = ctx.input(0);
   const Tensor& x = ctx.input(1);
@@ -218,7 +243,8 @@ void where_kernel(KernelContext& ctx) {
   Broadcaster bc(ctx, {&c.shape(), &x.shape(), &y.shape()});
   Tensor& out = ctx.allocate_output(0, x.dtype(), bc.out_shape());
   size_t es = dtype_size(x.dtype());
-  const bool* pc = c.data<bool>();
+  // The condition's bytes, 0 or 1, read as integers (a bool load does not vectorize).
+  const auto* pc = static_cast<const uint8_t*>(c.raw_data());
   const char* px = static_cast<const char*>(x.raw_data());
   const char* py = static_cast<const char*>(y.raw_data());
   char* po = static_cast<char*>(out.raw_data());
@@ -226,15 +252,19 @@ void where_kernel(KernelContext& ctx) {
   int64_t s0 = bc.inner_stride(0), s1 = bc.inner_stride(1), s2 = bc.inner_stride(2);
   auto body = [&](auto tag) {
     using T = decltype(tag);
-    parallel_for(ctx, bc.rows(), inner, [&](int64_t lo, int64_t hi) {
+    WhereRow<T> row = where_row_for<T>(s0, s1, s2);
+    parallel_for(ctx, bc.rows() * inner, 1, [&](int64_t lo, int64_t hi) {
+      // Elements lo..hi of the output, row by row (one row may be split between threads).
       int64_t off[3];
-      for (int64_t r = lo; r < hi; ++r) {
+      for (int64_t e = lo; e < hi;) {
+        int64_t r = e / inner, i0 = e % inner, n = std::min(hi - e, inner - i0);
         bc.offsets(r, off);
-        const bool* cc = pc + off[0];
-        const T* xx = reinterpret_cast<const T*>(px) + off[1];
-        const T* yy = reinterpret_cast<const T*>(py) + off[2];
-        T* o = reinterpret_cast<T*>(po) + r * inner;
-        for (int64_t i = 0; i < inner; ++i) o[i] = cc[i * s0] ? xx[i * s1] : yy[i * s2];
+        const uint8_t* cc = pc + off[0] + i0 * s0;
+        const T* xx = reinterpret_cast<const T*>(px) + off[1] + i0 * s1;
+        const T* yy = reinterpret_cast<const T*>(py) + off[2] + i0 * s2;
+        T* o = reinterpret_cast<T*>(po) + e;
+        row(cc, xx, yy, o, n);
+        e += n;
       }
     });
   };
