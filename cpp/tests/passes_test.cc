@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "graphtrain/autodiff.h"
 #include "graphtrain/error.h"
@@ -179,22 +180,23 @@ TEST_F(PassesTest, DeadCodeGoesButCallbackNodesStay) {
 TEST_F(PassesTest, PipelineRunsInOrderAndObeysTheSwitches) {
   std::vector<std::string> names;
   for (const Pass& p : pass_pipeline()) names.push_back(p.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{
-                "recognize_gelu", "recognize_rms_norm", "recognize_rotary", "recognize_silu_mul",
-                "recognize_attention", "fuse_loss_gradient", "stash_gelu_derivative", "identities",
-                "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
-                "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "recognize_gelu", "recognize_rms_norm", "recognize_rotary",
+                       "recognize_silu_mul", "fold_pad_into_conv", "recognize_attention",
+                       "fuse_loss_gradient", "stash_gelu_derivative", "identities",
+                       "constant_folding", "dead_code", "fold_transposes", "fuse_softmax",
+                       "fuse_layer_norm", "gelu_grad_from_output", "fuse_elementwise"}));
   Graph captured = chain();
   auto before = optimize_graph(captured, "test", true);  // the passes that precede autodiff
-  ASSERT_EQ(before.size(), 7u);
+  ASSERT_EQ(before.size(), 8u);
   EXPECT_EQ(before[0], (std::pair<std::string, size_t>{"recognize_gelu", 0}));
   EXPECT_EQ(before[1], (std::pair<std::string, size_t>{"recognize_rms_norm", 0}));
   EXPECT_EQ(before[2], (std::pair<std::string, size_t>{"recognize_rotary", 0}));
   EXPECT_EQ(before[3], (std::pair<std::string, size_t>{"recognize_silu_mul", 0}));
-  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"recognize_attention", 0}));
-  EXPECT_EQ(before[5], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
-  EXPECT_EQ(before[6], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
+  EXPECT_EQ(before[4], (std::pair<std::string, size_t>{"fold_pad_into_conv", 0}));
+  EXPECT_EQ(before[5], (std::pair<std::string, size_t>{"recognize_attention", 0}));
+  EXPECT_EQ(before[6], (std::pair<std::string, size_t>{"fuse_loss_gradient", 0}));
+  EXPECT_EQ(before[7], (std::pair<std::string, size_t>{"stash_gelu_derivative", 0}));
 
   Graph g = chain();
   auto ran = optimize_graph(g, "test");
@@ -311,7 +313,7 @@ TEST_F(PassesTest, UnknownPassNameIsAnErrorListingThePasses) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("GRAPHTRAIN_DISABLE_PASSES names 'fuse_everything'"), std::string::npos);
     EXPECT_NE(msg.find("the passes are: recognize_gelu, recognize_rms_norm, recognize_rotary, "
-                       "recognize_silu_mul, recognize_attention, "
+                       "recognize_silu_mul, fold_pad_into_conv, recognize_attention, "
                        "fuse_loss_gradient, "
                        "stash_gelu_derivative, identities, "
                        "constant_folding, dead_code, "
@@ -1517,6 +1519,72 @@ TEST_F(PassesTest, RecognizeSiluMulBecomesOneOp) {
   }
   Graph shared = spelled_silu_mul(false, true);
   EXPECT_EQ(recognize_silu_mul(shared), 0u);
+}
+
+// ---- fold_pad_into_conv ------------------------------------------------------------------------
+
+// x [2, 3, 7, 6] -> Conv(Pad(x, pads), w [4, 3, 3, 3], strides 2, pads 1 0 0 1) + Exp (pads in
+// ONNX order, begins then ends, over all four dims; `fill` a constant value input when set).
+Graph padded_conv(std::vector<int64_t> pads, std::optional<float> fill = std::nullopt,
+                  const std::string& mode = "constant", bool pad_is_output = false) {
+  Graph g = new_graph("padded_conv");
+  Value* x =
+      g.add_input("x", {DType::kFloat32, SymShape{SymDim(2), SymDim(3), SymDim(7), SymDim(6)}});
+  Value* w =
+      g.add_input("w", {DType::kFloat32, SymShape{SymDim(4), SymDim(3), SymDim(3), SymDim(3)}});
+  Value* p = g.add_initializer("pads", Tensor::from_vector<int64_t>(DType::kInt64, {8}, pads));
+  std::vector<Value*> pad_in = {x, p};
+  if (fill) pad_in.push_back(scalar(g, *fill));
+  Value* padded = g.add_op("Pad", pad_in, {{"mode", Attribute::of(mode)}});
+  Value* y = g.add_op("Conv", {padded, w},
+                      {{"strides", Attribute::of(std::vector<int64_t>{2, 2})},
+                       {"pads", Attribute::of(std::vector<int64_t>{1, 0, 0, 1})}});
+  g.add_output(g.add_op("Exp", {y}));
+  if (pad_is_output) g.add_output(padded);
+  infer_shapes(g);
+  return g;
+}
+
+TEST_F(PassesTest, FoldPadIntoConvAddsTheAmountsToTheConvsPads) {
+  const std::vector<Shape> shapes = {{2, 3, 7, 6}, {4, 3, 3, 3}};
+  for (std::optional<float> fill : {std::optional<float>(), std::optional<float>(0.0f)}) {
+    // TensorFlow's SAME for a stride-2 3x3 kernel: 0 before, 1 after; and 2 before W.
+    Graph g = padded_conv({0, 0, 0, 2, 0, 0, 1, 1}, fill);
+    auto before = run_all(clone_graph(g), shapes);
+    ASSERT_EQ(fold_pad_into_conv(g), 1u);
+    EXPECT_EQ(count(g, "Pad"), 0u);
+    const Node* conv = nullptr;
+    for (Node* n : g.nodes())
+      if (n->op_type == "Conv") conv = n;
+    ASSERT_NE(conv, nullptr);
+    EXPECT_EQ(conv->input(0), g.inputs()[0]);
+    EXPECT_EQ(conv->attr_ints("pads"), (std::vector<int64_t>{1, 2, 1, 2}));
+    expect_near(run_all(std::move(g), shapes), before, 1e-6f);
+  }
+  // A Pad another reader keeps (a graph output) stays for it; the Conv reads x all the same.
+  Graph shared = padded_conv({0, 0, 1, 1, 0, 0, 1, 1}, std::nullopt, "constant", true);
+  auto before = run_all(clone_graph(shared), shapes);
+  ASSERT_EQ(fold_pad_into_conv(shared), 1u);
+  EXPECT_EQ(count(shared, "Pad"), 1u);
+  expect_near(run_all(std::move(shared), shapes), before, 1e-6f);
+}
+
+TEST_F(PassesTest, FoldPadIntoConvLeavesOtherPads) {
+  Graph filled = padded_conv({0, 0, 1, 1, 0, 0, 1, 1}, 1.0f);
+  EXPECT_EQ(fold_pad_into_conv(filled), 0u) << "a non-zero fill";
+  Graph batch = padded_conv({1, 0, 1, 1, 0, 0, 1, 1});
+  EXPECT_EQ(fold_pad_into_conv(batch), 0u) << "a pad on the batch dim";
+  Graph crop = padded_conv({0, 0, -1, 1, 0, 0, 1, 1});
+  EXPECT_EQ(fold_pad_into_conv(crop), 0u) << "a negative pad (a crop)";
+  Graph reflect = padded_conv({0, 0, 1, 1, 0, 0, 1, 1}, std::nullopt, "reflect");
+  EXPECT_EQ(fold_pad_into_conv(reflect), 0u) << "reflect mode";
+  Graph same = padded_conv({0, 0, 1, 1, 0, 0, 1, 1});
+  for (Node* n : same.nodes())
+    if (n->op_type == "Conv") {
+      n->attributes.erase("pads");
+      n->attributes["auto_pad"] = Attribute::of(std::string("SAME_UPPER"));
+    }
+  EXPECT_EQ(fold_pad_into_conv(same), 0u) << "a Conv with auto_pad";
 }
 
 TEST_F(PassesTest, FuseLayerNormLeavesBroadcastResidualsAndOtherAxes) {

@@ -495,7 +495,7 @@ def test_graph_passes_and_their_switches(tmp_path):
     with pytest.raises(
         graphtrain.OptionError,
         match="names 'no_such_pass'.*the passes are: recognize_gelu, recognize_rms_norm, "
-        "recognize_rotary, recognize_silu_mul, recognize_attention, "
+        "recognize_rotary, recognize_silu_mul, fold_pad_into_conv, recognize_attention, "
         "fuse_loss_gradient, stash_gelu_derivative, identities, constant_folding, dead_code, "
         "fold_transposes, fuse_softmax, fuse_layer_norm, gelu_grad_from_output, fuse_elementwise, "
         "memory_plan",

@@ -496,6 +496,50 @@ def test_torch_rms_norm_becomes_one_op(tmp_path):
         assert ops.count(op) == 2 and "ReduceMean" not in ops, ops
 
 
+class _SamePadded(torch.nn.Module):
+    """TensorFlow's SAME padding spelled out before each convolution, as transformers' MobileNets
+    write it: F.pad by amounts computed from the input's size, then an unpadded Conv2d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = torch.nn.Conv2d(4, 8, 3, stride=2)
+        self.depthwise = torch.nn.Conv2d(8, 8, 3, groups=8, bias=False)
+        self.pointwise = torch.nn.Conv2d(8, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.pad(x, (0, 1, 0, 1))  # stride 2 on an even size: after only
+        x = torch.nn.functional.pad(self.down(x), (1, 1, 1, 1))
+        return self.pointwise(torch.nn.functional.pad(self.depthwise(x), (0, 0, 0, 0)))
+
+
+def test_zero_pads_before_convolutions_become_conv_pads(tmp_path):
+    """Each F.pad before a Conv2d (asymmetric, symmetric, and all zero) is folded into the
+    convolution's own pads before autodiff (fold_pad_into_conv): no Pad forward, no cropping Pad
+    backward, and outputs and gradients match torch's, through the depthwise kernels too."""
+    torch.manual_seed(0)
+    model = _SamePadded()
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="pad", save_path=str(tmp_path))
+    gm = GraphModule(copy.deepcopy(model), debug)
+    x = torch.randn(2, 4, 10, 12, requires_grad=True)
+    ref = model(x)
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
+    out = gm(x)
+    grads = torch.autograd.grad(out, (x, *gm.module.parameters()), g)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    onnx = pytest.importorskip("onnx")
+    for name in ("forward", "backward"):
+        graph = onnx.load(tmp_path / f"pad_train_training_{name}.onnx").graph
+        assert "Pad" not in [n.op_type for n in graph.node], name
+    convs = [n for n in onnx.load(tmp_path / "pad_train_training_forward.onnx").graph.node]
+    pads = [
+        list(a.ints) for n in convs if n.op_type == "Conv" for a in n.attribute if a.name == "pads"
+    ]
+    assert pads == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], pads
+
+
 def test_packed_attention_adds_the_qkv_bias_as_it_reads():
     """Attention(X, bias) and its gradient give what Attention(X + bias) gives within float
     rounding, with a causal mask, a row that sees nothing (zeros, bias or not) and dropout off,

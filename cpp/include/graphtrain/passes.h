@@ -58,6 +58,10 @@ size_t recognize_rotary(Graph& graph);
 // gradient reads G and U alone; returns how many. Before autodiff.
 size_t recognize_silu_mul(Graph& graph);
 
+// A Conv reading a zero Pad (constant mode, value 0, constant non-negative pads of the spatial
+// dims) reads the Pad's input, the amounts added to its pads; returns how many. Before autodiff.
+size_t fold_pad_into_conv(Graph& graph);
+
 // Attention written out (softmax(Q K^T * c + Mask) V) becomes one graphtrain::Attention; an
 // Attention between Transposes of the heads reads and writes [..., t, h, d] in place
 // (heads_inside), and one whose Q, K, V are the parts of one Split reads the split tensor (packed).

@@ -110,7 +110,7 @@ std::vector<OptionSpec> Options::builtin_specs() {
            "backward graphs; 0 runs none, for an exact-parity run (passes)."),
       spec("disable_passes", T::kString, "", "GRAPHTRAIN_DISABLE_PASSES",
            "Comma-separated passes not to run: recognize_gelu, recognize_rms_norm, "
-           "recognize_rotary, recognize_silu_mul, recognize_attention, "
+           "recognize_rotary, recognize_silu_mul, fold_pad_into_conv, recognize_attention, "
            "fuse_loss_gradient, stash_gelu_derivative, identities, constant_folding, dead_code, "
            "fold_transposes, "
            "fuse_softmax, fuse_layer_norm, gelu_grad_from_output, fuse_elementwise, memory_plan "

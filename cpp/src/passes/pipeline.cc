@@ -28,6 +28,11 @@ const std::vector<Pass>& pass_pipeline() {
        "a SwiGLU MLP's silu(gate) * up becomes one SiluMul, whose gradient computes the sigmoid "
        "again (no sigmoid or silu stashed), before autodiff",
        recognize_silu_mul, true},
+      {"fold_pad_into_conv",
+       "a Conv reading a zero Pad of its input (TensorFlow's SAME padding spelled out) reads the "
+       "input, the Pad's amounts added to its pads: no padded copy, no cropped gradient, before "
+       "autodiff",
+       fold_pad_into_conv, true},
       {"recognize_attention",
        "softmax(Q K^T * c + mask) V becomes one Attention, and Attention reads the heads (and a "
        "fused qkv projection's output, adding its bias) in place of the Transposes, the Split "
