@@ -602,16 +602,24 @@ def test_conv1d_and_same_padding():
         ((3, 3, 12, 12), (7, 7), 2, (3, 3, 3, 3), 1, 1),  # a stem: three input channels
         ((2, 32, 6, 6), (3, 3), 1, (1, 1, 1, 1), 1, 1),  # wide: 64 output channels
         ((2, 3, 11), (3,), 1, (1, 1), 1, 1),  # 1-D
+        # Depthwise (one filter per channel): AUTO runs graphtrain's direct kernels.
+        ((2, 6, 9, 8), (3, 3), 1, (1, 1, 1, 1), 1, 6),  # MobileNet's 3x3: rows of one vector
+        ((2, 6, 9, 11), (3, 3), 2, (0, 1, 0, 1), 1, 6),  # stride 2, TF's SAME pads: phases
+        ((3, 5, 16, 19), (7, 7), 1, (3, 3, 3, 3), 1, 5),  # ConvNeXt's 7x7: 2 vectors and a tail
+        ((2, 4, 12, 12), (3, 3), 2, (2, 1, 2, 1), 2, 4),  # stride and dilation
+        ((2, 3, 5, 6), (3, 3), 1, (3, 0, 1, 2), 1, 3),  # a pad wider than the kernel's reach
+        ((2, 4, 23), (5,), 3, (2, 1), 1, 4),  # 1-D, stride 3
     ],
 )
 def test_conv_forward_and_gradients(algorithm, shape, kernel, stride, pads, dil, group):
     # Conv and graphtrain::ConvGrad against torch, on oneDNN's direct kernels (ONEDNN, where the
     # build has them), on im2col + GEMM, and as AUTO chooses (im2col for these small weights, and
-    # for the wide one, 64 output channels, oneDNN).
+    # for the wide one, 64 output channels, oneDNN; depthwise ones on graphtrain's direct kernels).
     graphtrain.set_option("conv_algorithm", algorithm)
     spatial = len(kernel)
     x = randn(*shape)
-    w = randn({16: 16, 32: 64}.get(shape[1], 8), shape[1] // group, *kernel)
+    m = shape[1] if group == shape[1] else {16: 16, 32: 64}.get(shape[1], 8)
+    w = randn(m, shape[1] // group, *kernel)
     b = randn(w.shape[0])
     attrs = {
         "strides": [stride] * spatial,

@@ -121,7 +121,8 @@ std::vector<OptionSpec> Options::builtin_specs() {
       spec("num_threads", T::kInt, "0", "GRAPHTRAIN_NUM_THREADS",
            "Threads in graphtrain's thread pool; 0 uses one per core (engine).", {}, 0, 4096),
       spec("conv_algorithm", T::kEnum, "AUTO", "GRAPHTRAIN_CONV_ALGORITHM",
-           "AUTO runs convolutions on oneDNN's direct kernels where it has one for the shape "
+           "AUTO runs depthwise convolutions (one filter per channel) on graphtrain's direct "
+           "kernels, others on oneDNN's direct kernels where it has one for the shape "
            "(built with oneDNN), else, and for small ones (at most 2048 weights), im2col + GEMM; "
            "ONEDNN on oneDNN wherever it has a kernel, whatever the size; IM2COL always im2col + "
            "GEMM (engine).",

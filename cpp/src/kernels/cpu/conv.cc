@@ -1,11 +1,13 @@
-// CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) on oneDNN's direct kernels
-// where it has one (conv_dnnl.cc), else by im2col + GEMM; MaxPool,
+// CPU kernels: Conv (1-D and 2-D, strides, padding, dilation, groups) on graphtrain's direct
+// kernels where it is depthwise (conv_depthwise.cc), on oneDNN's where it has one (conv_dnnl.cc),
+// else by im2col + GEMM; MaxPool,
 // AveragePool and GlobalAveragePool, and their gradients.
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_depthwise.h"
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/gemm.h"
 
@@ -181,7 +183,12 @@ void conv(KernelContext& ctx) {
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   float* py = y.data<float>();
-  if (dnnl_conv_forward(ctx.pool(), conv_shape(g, m, group), px, pw, bias, py)) return;
+  const ConvShape shape = conv_shape(g, m, group);
+  if (runs_depthwise(shape)) {
+    depthwise_conv_forward(ctx.pool(), shape, px, pw, bias, py);
+    return;
+  }
+  if (dnnl_conv_forward(ctx.pool(), shape, px, pw, bias, py)) return;
   bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph0 == 0 && g.pw0 == 0 &&
                    g.ph1 == 0 && g.pw1 == 0;
   int threads = ctx.pool().num_threads();
@@ -344,7 +351,10 @@ void conv_grad(KernelContext& ctx) {
   float* dw = ctx.output_requested(1)
                   ? ctx.allocate_output(1, DType::kFloat32, w.shape()).data<float>()
                   : nullptr;
-  if ((dx || dw) && !dnnl_conv_backward(ctx.pool(), conv_shape(g, m, group), pdy, px, pw, dx, dw))
+  const ConvShape shape = conv_shape(g, m, group);
+  if (runs_depthwise(shape))
+    depthwise_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw);
+  else if ((dx || dw) && !dnnl_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw))
     im2col_conv_grad(ctx, g, m, group, pdy, px, pw, dx, dw);
   if (ctx.output_requested(2)) {
     int64_t cols = g.oh * g.ow;
