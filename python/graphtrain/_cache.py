@@ -55,6 +55,7 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
     """Covers what changes the captured graph: module structure and forward sources, parameter and
     buffer names, shapes and dtypes, the input schema, train/eval, versions, and the rank."""
     from . import __version__
+    from .custom_function import decomposition_names
 
     h = hashlib.sha256()
 
@@ -75,6 +76,7 @@ def cache_key(module: torch.nn.Module, schema: Any, training: bool) -> str:
         options()["fallback_policy"].value,
         options()["enable_compute_optimizer"].value,
         options()["disable_passes"].value,
+        decomposition_names(),
     )
     seen: set[type] = set()
     for name, sub in module.named_modules():

@@ -11,6 +11,12 @@ backward through that very context.
 Shape inference: `register_shape_inferer(func_or_qualified_name, fn)`, or a static
 `infer_shape(node, input_shapes, input_dtypes) -> (output_shapes, output_dtypes)` on the Function,
 found by itself. Shapes are lists of ints and symbolic dim names ("batch", "batch*seq").
+
+Decompositions: `register_decomposition(func_or_qualified_name, fn)` declares that the Function
+computes fn(*args) in torch ops and that its backward is the gradient of that: GraphModule then
+traces fn in its place, so its ops run natively and graphtrain builds the gradient, instead of a
+PythonOp calling back into Python twice a step. Built in: BLOOM's GeLUFunction (the tanh GELU,
+with its exact derivative as the backward), which made BLOOM's training step no faster than eager.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ _functions: dict[str, type] = {}  # func_name -> Function class, from captures o
 _objects: dict[int, Any] = {}  # arguments of this process's captures that cannot be stored
 _notes: dict[str, dict] = {}  # call key -> what the fake run learned (outputs, dirty inputs)
 _python_inferers: dict[str, InferShape] = {}  # registered through register_shape_inferer
+_decompositions: dict[str, Callable[..., Any]] = {}  # registered through register_decomposition
 _counter = itertools.count()
 _local = threading.local()
 _ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]
@@ -120,21 +127,52 @@ def register_shape_inferer(func_or_qualified_name: type | str, fn: InferShape) -
     shape inferer of a Function's PythonOps. `node` is a dict of the node's attributes; shapes are
     lists of ints and symbolic dim names; dtypes are torch dtypes. The engine calls it during shape
     inference, so symbolic dims flow through the PythonOp."""
-    if isinstance(func_or_qualified_name, type):
-        if not issubclass(func_or_qualified_name, torch.autograd.Function):
-            raise TypeError(f"{func_or_qualified_name.__name__} is not a torch.autograd.Function")
-        name = func_name(func_or_qualified_name)
-    elif isinstance(func_or_qualified_name, str) and func_or_qualified_name:
-        name = func_or_qualified_name
-    else:
-        raise TypeError(
-            "register_shape_inferer needs a torch.autograd.Function class or its qualified name, got "
-            f"{func_or_qualified_name!r}"
-        )
+    name = _qualified(func_or_qualified_name, "register_shape_inferer")
     if not callable(fn):
         raise TypeError(f"the shape inferer of '{name}' must be callable, got {type(fn).__name__}")
     _python_inferers[name] = fn
     _C.register_python_op_inferer(name, _engine_inferer(name, fn))
+
+
+def _qualified(func_or_qualified_name: type | str, api: str) -> str:
+    if isinstance(func_or_qualified_name, type):
+        if not issubclass(func_or_qualified_name, torch.autograd.Function):
+            raise TypeError(f"{func_or_qualified_name.__name__} is not a torch.autograd.Function")
+        return func_name(func_or_qualified_name)
+    if isinstance(func_or_qualified_name, str) and func_or_qualified_name:
+        return func_or_qualified_name
+    raise TypeError(
+        f"{api} needs a torch.autograd.Function class or its qualified name, got "
+        f"{func_or_qualified_name!r}"
+    )
+
+
+def register_decomposition(func_or_qualified_name: type | str, fn: Callable[..., Any]) -> None:
+    """Declares that the Function computes `fn(*args, **kwargs)` in torch ops and that its backward
+    is exactly that computation's gradient. GraphModule then traces `fn` where the model applies
+    the Function (its ops run natively, graphtrain builds the gradient) instead of keeping the
+    Function opaque. A Function whose backward is not the gradient of its forward (a
+    straight-through estimator, a gradient clipped or scaled on purpose) must not be registered.
+    Register before the model's first call: graphs captured before stay as they are (the graph
+    cache keys on the registered names)."""
+    name = _qualified(func_or_qualified_name, "register_decomposition")
+    if not callable(fn):
+        raise TypeError(f"the decomposition of '{name}' must be callable, got {type(fn).__name__}")
+    _decompositions[name] = fn
+
+
+def decomposition_names() -> list[str]:
+    """The Functions with a registered decomposition, sorted (part of the graph cache key)."""
+    return sorted(_decompositions)
+
+
+def _bloom_gelu(x: torch.Tensor) -> torch.Tensor:
+    # bloom_gelu_forward, x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x^2))): the tanh
+    # GELU (its constant is sqrt(2 / pi) in float32); bloom_gelu_back is its exact derivative.
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+register_decomposition("transformers.models.bloom.modeling_bloom.GeLUFunction", _bloom_gelu)
 
 
 def prepare(model: Any) -> None:
@@ -189,6 +227,9 @@ def _patched_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     ):
         return original(cls, *args, **kwargs)
     name = func_name(cls)
+    decomposition = _decompositions.get(name)
+    if decomposition is not None:  # traced: its ops run natively, autodiff builds the gradient
+        return decomposition(*args, **kwargs)
     if not options()["enable_custom_autograd"].value:
         try:
             return original(cls, *args, **kwargs)

@@ -432,3 +432,63 @@ def test_other_threads_apply_functions_normally_during_a_capture():
     gm(torch.randn(2, 5, 3))
     t.join()
     assert seen == ["ScaledSTEBackward"]  # a real autograd node, not graphtrain's capture op
+
+
+class SiluNoBackward(torch.autograd.Function):
+    """x * sigmoid(x) with a backward that must never run: a registered decomposition replaces
+    the Function, so autodiff of the decomposition gives the gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise AssertionError("the Function's backward ran, not the decomposition's gradient")
+
+
+class SiluModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return SiluNoBackward.apply(self.lin(x)).sum(-1)
+
+
+def test_a_registered_decomposition_runs_natively_in_place_of_the_function(tmp_path):
+    """register_decomposition(Function, fn): the graph traces fn where the model applies the
+    Function (no PythonOp forward or backward), graphtrain builds its gradient (the Function's own
+    backward, which raises, never runs), and values match fn's in eager. The registration is part
+    of the graph cache key. Bad registrations are refused by name."""
+    from graphtrain import custom_function
+    from graphtrain._cache import cache_key
+
+    model = SiluModel()
+    key_before = cache_key(model, "schema", True)
+    custom_function.register_decomposition(SiluNoBackward, torch.nn.functional.silu)
+    try:
+        assert cache_key(model, "schema", True) != key_before
+        debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="d", save_path=str(tmp_path))
+        gm = graphtrain.GraphModule(copy.deepcopy(model), debug)
+        x = torch.randn(4, 6)
+        out = gm(x)
+        out.sum().backward()
+        ref = torch.nn.functional.silu(model.lin(x)).sum(-1)
+        ref.sum().backward()
+        torch.testing.assert_close(out, ref)
+        for p, q in zip(gm.module.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        import onnx
+
+        for kind in ("forward", "backward"):
+            ops = [
+                n.op_type for n in onnx.load(tmp_path / f"d_train_training_{kind}.onnx").graph.node
+            ]
+            assert not any(op.startswith("PythonOp") for op in ops), (kind, ops)
+    finally:
+        custom_function._decompositions.pop(custom_function.func_name(SiluNoBackward))
+    with pytest.raises(TypeError, match="SiluModel is not a torch.autograd.Function"):
+        custom_function.register_decomposition(SiluModel, torch.nn.functional.silu)
+    with pytest.raises(TypeError, match="decomposition of 'x.Y' must be callable"):
+        custom_function.register_decomposition("x.Y", 3)

@@ -362,3 +362,15 @@ def test_mobilenet_v2_gradients_as_accurate_as_eagers():
         assert error <= 1.1 * eager_error + 1e-6 * scale, (name, error, eager_error)
     fallback = graphtrain.explain(ref, pixel_values=x, labels=labels).fallback_ops
     assert fallback == [], fallback
+
+
+def test_bloom_gelu_function_runs_natively(tmp_path):
+    """BLOOM applies its GELU through a torch.autograd.Function (GeLUFunction) in training, which
+    graphtrain would keep opaque and call back twice a step (a PythonOp each way: as slow as
+    eager); its built-in decomposition (the tanh GELU, whose exact derivative is the Function's
+    backward) makes it one Gelu per layer, differentiated natively. Gradients match eager (tests
+    above)."""
+    layers = build("bloom").config.n_layer
+    forward, backward = _trained_ops("bloom", tmp_path)
+    assert "PythonOp" not in forward and "PythonOpGrad" not in backward
+    assert forward.count("GeluTanh") == layers, forward  # in the bias + GELU loop
