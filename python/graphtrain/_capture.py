@@ -4,6 +4,7 @@ nodes as metadata)."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import traceback
@@ -513,14 +514,42 @@ def capture(
         except UnsupportedModelError:
             raise
         except Exception as e:
+            where = model_frame(e)
+            hint = ""
+            if "data-dependent" in str(e):
+                hint = (
+                    " A Python branch or a size that depends on a tensor's values (.nonzero(), "
+                    ".item(), `if t.sum() > 0`) cannot be captured into a graph: compute it "
+                    "outside the module, or choose the model's option that avoids it."
+                )
             raise UnsupportedModelError(
-                f"torch.export could not capture {type(module).__name__}: {export_reason(e)}. "
+                f"torch.export could not capture {type(module).__name__}: {export_reason(e)}"
+                f"{f' at {where}' if where else ''}.{hint} "
                 "Set GRAPHTRAIN_FALLBACK_POLICY=eager to run this model in plain PyTorch."
             ) from e
     captured = translate(ep, record, name, fallback)
     if not dynamic:
         captured.static_shapes = [list(x.shape) for x in flat if isinstance(x, torch.Tensor)]
     return captured
+
+
+_NOT_MODEL_CODE = tuple(
+    os.path.dirname(f) + os.sep for f in (torch.__file__, os.__file__, __file__)
+)
+
+
+def model_frame(e: BaseException) -> str:
+    """Where in the model's own code (not torch's, graphtrain's or Python's) the failure was
+    raised: "path:line (`code`)", the path from its package folder; "" when no frame is."""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if frame.filename.startswith(_NOT_MODEL_CODE) or frame.filename.startswith("<"):
+            continue
+        path = frame.filename
+        if "site-packages" + os.sep in path:
+            path = path.split("site-packages" + os.sep, 1)[1]
+        code = f" (`{frame.line.strip()}`)" if frame.line else ""
+        return f"{path}:{frame.lineno}{code}"
+    return ""
 
 
 def export_reason(e: Exception) -> str:

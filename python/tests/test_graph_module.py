@@ -270,6 +270,30 @@ def test_unsupported_op_names_op_module_and_line():
     assert "GRAPHTRAIN_FALLBACK_POLICY=eager" in msg
 
 
+class BranchOnValues(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kept = (labels >= 0).nonzero()
+        if kept.size(0) > 0:  # DeBERTa's classification loss branches like this
+            return self.proj(x)[kept.view(-1)].sum()
+        return self.proj(x).sum() * 0
+
+
+def test_a_branch_on_tensor_values_is_named_with_its_line():
+    """torch.export cannot capture Python control flow on a tensor's values; the error names the
+    model's line (not torch's), says what kind of code it is and what to do."""
+    gm = GraphModule(BranchOnValues())
+    with pytest.raises(UnsupportedModelError) as info:
+        gm(torch.randn(3, 4), torch.tensor([0, -1, 2]))
+    msg = str(info.value)
+    assert "could not capture BranchOnValues" in msg
+    assert "test_graph_module.py:" in msg and "(`if kept.size(0) > 0:" in msg, msg
+    assert "depends on a tensor's values" in msg and "GRAPHTRAIN_FALLBACK_POLICY=eager" in msg
+
+
 def test_eager_fallback_warns_once_in_ten_steps(caplog):
     graphtrain.set_option("fallback_policy", "eager")
     ref = Cumulative()
