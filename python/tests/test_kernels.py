@@ -609,6 +609,10 @@ def test_conv1d_and_same_padding():
         ((2, 4, 12, 12), (3, 3), 2, (2, 1, 2, 1), 2, 4),  # stride and dilation
         ((2, 3, 5, 6), (3, 3), 1, (3, 0, 1, 2), 1, 3),  # a pad wider than the kernel's reach
         ((2, 4, 23), (5,), 3, (2, 1), 1, 4),  # 1-D, stride 3
+        # rows narrower than a vector: channels last, 4 vectors of channels, one, then the rest
+        ((2, 40, 4, 4), (3, 3), 1, (1, 1, 1, 1), 1, 40),
+        ((3, 20, 9, 9), (3, 3), 2, (0, 1, 0, 1), 1, 20),
+        ((2, 12, 5, 3), (3, 3), 1, (2, 1, 0, 2), 2, 12),  # dilated, uneven pads
     ],
 )
 def test_conv_forward_and_gradients(algorithm, shape, kernel, stride, pads, dil, group):

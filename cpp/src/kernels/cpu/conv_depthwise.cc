@@ -15,6 +15,10 @@
 // Sums in registers are kept independent (several rows, or several taps, at a time), so the
 // multiply-adds do not wait on each other's latency. Planes are spread over the pool; dW over
 // channels, each summing its images in order.
+//
+// Output rows narrower than a vector (MobileNet's 4 x 4 and 2 x 2 maps) run channels last
+// instead: 8 channels a vector (below). MobileNetV2's [16, 288, 4, 4] layer: forward 0.87 ->
+// 0.11 ms, backward 1.9 -> 0.35 ms.
 #include "kernels/cpu/conv_depthwise.h"
 
 #include <algorithm>
@@ -219,6 +223,149 @@ Phased input_layout(const ConvShape& s) {
   return Phased(s.h, s.w, s.ph0, s.pw0, s.ph1, s.pw1, s.sw);
 }
 
+// ---- small planes: channels last ----------------------------------------------------------------
+// Rows narrower than a vector (MobileNet's 4 x 4 and 2 x 2 maps) leave the plane loops above
+// scalar. There the channels are the vector: each image is transposed to [rows][width][C], padded,
+// and every loop runs over 8 channels a vector, the weights transposed to [taps][C].
+
+bool channels_last(const ConvShape& s) {
+  return s.ow < kLanes && s.c >= kLanes;
+}
+
+// dst[((r + top) * width + q + left) * C + ch] = src[(ch * h + r) * w + q]: one image's planes into
+// a padded channels-last buffer (only the window is written; the padding stays zero).
+void to_channels_last(const float* src, int64_t channels, int64_t h, int64_t w, int64_t top,
+                      int64_t left, int64_t width, float* dst) {
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t q = 0; q < w; ++q)
+        dst[((r + top) * width + q + left) * channels + ch] = src[(ch * h + r) * w + q];
+}
+
+// The inverse: dst[(ch * h + r) * w + q] = src[((r + top) * width + q + left) * C + ch].
+void from_channels_last(const float* src, int64_t channels, int64_t h, int64_t w, int64_t top,
+                        int64_t left, int64_t width, float* dst) {
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t q = 0; q < w; ++q)
+        dst[(ch * h + r) * w + q] = src[((r + top) * width + q + left) * channels + ch];
+}
+
+// What every channels-last kernel shares: the padded layout, the taps' offsets in it, the weights
+// as [taps][C].
+struct ChannelsLast {
+  int64_t rows, width, taps;
+  std::vector<int64_t> off;  // tap t at off[t] floats from an output position's base
+  std::vector<float> wt;
+  ChannelsLast(const ConvShape& s, const float* w)
+      : rows(s.h + s.ph0 + s.ph1), width(s.w + s.pw0 + s.pw1), taps(s.kh * s.kw) {
+    for (int64_t i = 0; i < s.kh; ++i)
+      for (int64_t j = 0; j < s.kw; ++j) off.push_back((i * s.dh * width + j * s.dw) * s.c);
+    wt.resize(static_cast<size_t>(taps * s.c));
+    for (int64_t ch = 0; ch < s.c; ++ch)
+      for (int64_t t = 0; t < taps; ++t) wt[static_cast<size_t>(t * s.c + ch)] = w[ch * taps + t];
+  }
+  int64_t size(const ConvShape& s) const { return rows * width * s.c; }
+  int64_t base(const ConvShape& s, int64_t oy, int64_t ox) const {
+    return (oy * s.sh * width + ox * s.sw) * s.c;
+  }
+};
+
+// y[pos][c] = bias[c] + sum_t wt[t][c] x[base + off[t]][c] for one output position, 4 vectors of
+// channels at a time (independent sums), then one, then the last channels one by one.
+void channels_last_position(const ChannelsLast& L, int64_t channels, const float* x,
+                            const float* bias, float* y) {
+  int64_t c = 0;
+  for (; c + 4 * kLanes <= channels; c += 4 * kLanes) {
+    f8 acc[4];
+    for (int k = 0; k < 4; ++k) acc[k] = bias ? vec::load(bias + c + k * kLanes) : f8{};
+    for (int64_t t = 0; t < L.taps; ++t) {
+      const float* wv = L.wt.data() + t * channels + c;
+      const float* xv = x + L.off[static_cast<size_t>(t)] + c;
+      for (int k = 0; k < 4; ++k) acc[k] += vec::load(wv + k * kLanes) * vec::load(xv + k * kLanes);
+    }
+    for (int k = 0; k < 4; ++k) vec::store(y + c + k * kLanes, acc[k]);
+  }
+  for (; c + kLanes <= channels; c += kLanes) {
+    f8 acc = bias ? vec::load(bias + c) : f8{};
+    for (int64_t t = 0; t < L.taps; ++t)
+      acc += vec::load(L.wt.data() + t * channels + c) *
+             vec::load(x + L.off[static_cast<size_t>(t)] + c);
+    vec::store(y + c, acc);
+  }
+  for (; c < channels; ++c) {
+    float a = bias ? bias[c] : 0.0f;
+    for (int64_t t = 0; t < L.taps; ++t)
+      a += L.wt[static_cast<size_t>(t * channels + c)] * x[L.off[static_cast<size_t>(t)] + c];
+    y[c] = a;
+  }
+}
+
+// acc[c] += a[c] * b[c] over `channels` floats.
+void multiply_add(float* acc, const float* a, const float* b, int64_t channels) {
+  int64_t c = 0;
+  for (; c + kLanes <= channels; c += kLanes)
+    vec::store(acc + c, vec::load(acc + c) + vec::load(a + c) * vec::load(b + c));
+  for (; c < channels; ++c) acc[c] += a[c] * b[c];
+}
+
+void channels_last_forward(ThreadPool& pool, const ConvShape& s, const float* x, const float* w,
+                           const float* b, float* y) {
+  const ChannelsLast L(s, w);
+  pool.parallel_for(s.n, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> xt(static_cast<size_t>(L.size(s)));
+    std::vector<float> yt(static_cast<size_t>(s.oh * s.ow * s.c));
+    for (int64_t img = lo; img < hi; ++img) {
+      to_channels_last(x + img * s.c * s.h * s.w, s.c, s.h, s.w, s.ph0, s.pw0, L.width, xt.data());
+      for (int64_t oy = 0; oy < s.oh; ++oy)
+        for (int64_t ox = 0; ox < s.ow; ++ox)
+          channels_last_position(L, s.c, xt.data() + L.base(s, oy, ox), b,
+                                 yt.data() + (oy * s.ow + ox) * s.c);
+      from_channels_last(yt.data(), s.c, s.oh, s.ow, 0, 0, s.ow, y + img * s.c * s.oh * s.ow);
+    }
+  });
+}
+
+// dX by scattering each output position's gradient over its taps (any stride), dW as each image's
+// sums over positions, added in image order.
+void channels_last_backward(ThreadPool& pool, const ConvShape& s, const float* dy, const float* x,
+                            const float* w, float* dx, float* dw) {
+  const ChannelsLast L(s, w);
+  const int64_t out_image = s.c * s.oh * s.ow, in_image = s.c * s.h * s.w;
+  std::vector<float> dw_images(dw ? static_cast<size_t>(s.n * L.taps * s.c) : 0);
+  pool.parallel_for(s.n, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> xt(dw ? static_cast<size_t>(L.size(s)) : 0);
+    std::vector<float> acc(dx ? static_cast<size_t>(L.size(s)) : 0);
+    std::vector<float> dyt(static_cast<size_t>(out_image));
+    for (int64_t img = lo; img < hi; ++img) {
+      to_channels_last(dy + img * out_image, s.c, s.oh, s.ow, 0, 0, s.ow, dyt.data());
+      if (dx) std::fill(acc.begin(), acc.end(), 0.0f);
+      if (dw) to_channels_last(x + img * in_image, s.c, s.h, s.w, s.ph0, s.pw0, L.width, xt.data());
+      float* g = dw ? dw_images.data() + img * L.taps * s.c : nullptr;
+      for (int64_t oy = 0; oy < s.oh; ++oy)
+        for (int64_t ox = 0; ox < s.ow; ++ox) {
+          const float* d = dyt.data() + (oy * s.ow + ox) * s.c;
+          const int64_t base = L.base(s, oy, ox);
+          for (int64_t t = 0; t < L.taps; ++t) {
+            const int64_t at = base + L.off[static_cast<size_t>(t)];
+            if (dx) multiply_add(acc.data() + at, L.wt.data() + t * s.c, d, s.c);
+            if (g) multiply_add(g + t * s.c, xt.data() + at, d, s.c);
+          }
+        }
+      if (dx)
+        from_channels_last(acc.data(), s.c, s.h, s.w, s.ph0, s.pw0, L.width, dx + img * in_image);
+    }
+  });
+  if (dw)
+    for (int64_t ch = 0; ch < s.c; ++ch)
+      for (int64_t t = 0; t < L.taps; ++t) {
+        float sum = 0;
+        for (int64_t img = 0; img < s.n; ++img)
+          sum += dw_images[static_cast<size_t>((img * L.taps + t) * s.c + ch)];
+        dw[ch * L.taps + t] = sum;
+      }
+}
+
 }  // namespace
 
 bool runs_depthwise(const ConvShape& s) {
@@ -228,6 +375,7 @@ bool runs_depthwise(const ConvShape& s) {
 
 void depthwise_conv_forward(ThreadPool& pool, const ConvShape& s, const float* x, const float* w,
                             const float* b, float* y) {
+  if (channels_last(s)) return channels_last_forward(pool, s, x, w, b, y);
   const Phased layout = input_layout(s);
   const std::vector<int64_t> off = tap_offsets(s, layout);
   const int64_t taps = s.kh * s.kw;
@@ -244,6 +392,7 @@ void depthwise_conv_forward(ThreadPool& pool, const ConvShape& s, const float* x
 
 void depthwise_conv_backward(ThreadPool& pool, const ConvShape& s, const float* dy, const float* x,
                              const float* w, float* dx, float* dw) {
+  if (channels_last(s)) return channels_last_backward(pool, s, dy, x, w, dx, dw);
   const int64_t taps = s.kh * s.kw, out_plane = s.oh * s.ow;
   if (dx && s.sh == 1 && s.sw == 1) {
     // dY placed in a plane padded by the kernel's extent less the conv's pads; W flipped.
