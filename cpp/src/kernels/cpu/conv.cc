@@ -352,10 +352,12 @@ void conv_grad(KernelContext& ctx) {
                   ? ctx.allocate_output(1, DType::kFloat32, w.shape()).data<float>()
                   : nullptr;
   const ConvShape shape = conv_shape(g, m, group);
-  if (runs_depthwise(shape))
-    depthwise_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw);
-  else if ((dx || dw) && !dnnl_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw))
-    im2col_conv_grad(ctx, g, m, group, pdy, px, pw, dx, dw);
+  if (dx || dw) {
+    if (runs_depthwise(shape))
+      depthwise_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw);
+    else if (!dnnl_conv_backward(ctx.pool(), shape, pdy, px, pw, dx, dw))
+      im2col_conv_grad(ctx, g, m, group, pdy, px, pw, dx, dw);
+  }
   if (ctx.output_requested(2)) {
     int64_t cols = g.oh * g.ow;
     float* db = ctx.allocate_output(2, DType::kFloat32, {m}).data<float>();

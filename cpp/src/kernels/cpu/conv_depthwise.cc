@@ -9,8 +9,7 @@
 //   forward       Y[oy, ox] = B + sum over taps of W[t] Xp[oy sh cols + offset(t) + ox]
 //   dX, stride 1  the same correlation of dY, padded by the kernel's extent, with W flipped
 //   dX, strides   dXp[oy sh cols + offset(t) + ox] += W[t] dY[oy, ox], then cropped to dX
-//   dW            dW[t] = sum over images and (oy, ox) of dY[oy, ox] Xp[oy sh cols + offset(t) +
-//   ox]
+//   dW            dW[t] = sum over images, oy, ox of dY[oy, ox] Xp[oy sh cols + offset(t) + ox]
 //
 // Sums in registers are kept independent (several rows, or several taps, at a time), so the
 // multiply-adds do not wait on each other's latency. Planes are spread over the pool; dW over
