@@ -1457,34 +1457,38 @@ TEST_F(PassesTest, FuseLayerNormTakesTheResidualAddAndItsGradient) {
 }
 
 // The same for an RMSNorm (Llama's residual stream): AddRMSNormalization with the sum as output 2,
-// and RMSNormalizationGrad with the residual's gradient as input 4.
+// and RMSNormalizationGrad with the residual's gradient as input 4; graphtrain's RMSNormalization
+// or ONNX's (opset 23).
 TEST_F(PassesTest, FuseLayerNormTakesTheResidualAddBeforeAnRmsNorm) {
-  Graph g = new_graph("llama_block");
-  Value* a = g.add_input("a", {DType::kFloat32, kBTC});
-  Value* r = g.add_input("r", {DType::kFloat32, kBTC});
-  Value* scale = g.add_input("scale", {DType::kFloat32, SymShape{SymDim(6)}});
-  Value* dy = g.add_input("dy", {DType::kFloat32, kBTC});
-  Value* dres = g.add_input("dres", {DType::kFloat32, kBTC});
-  Value* s = g.add_op("Add", {a, r});
-  Node* rms = g.add_node("RMSNormalization", {s, scale}, {"y", "inv"}, GT);
-  rms->attributes["axis"] = Attribute::of(int64_t{-1});
-  rms->attributes["epsilon"] = Attribute::of(1e-6f);
-  Node* grad =
-      g.add_node("RMSNormalizationGrad", {dy, s, scale, rms->outputs()[1]}, {"dx", "dscale"}, GT);
-  grad->attributes["axis"] = Attribute::of(int64_t{-1});
-  Value* dsum = g.add_op("Add", {grad->outputs()[0], dres});
-  for (Value* v : {rms->outputs()[0], rms->outputs()[1], s, dsum, grad->outputs()[1]})
-    g.add_output(v);
-  std::vector<Shape> shapes = {{3, 4, 6}, {3, 4, 6}, {6}, {3, 4, 6}, {3, 4, 6}};
-  auto before = run_all(clone_graph(g), shapes);
-  EXPECT_EQ(fuse_layer_norm(g), 2u);
-  EXPECT_EQ(count(g, "AddRMSNormalization"), 1u);
-  EXPECT_EQ(count(g, "RMSNormalization"), 0u);
-  EXPECT_EQ(count(g, "Add"), 0u);
-  EXPECT_EQ(count(g, "RMSNormalizationGrad"), 1u);
-  EXPECT_EQ(g.outputs()[2]->name(), s->name());
-  EXPECT_EQ(g.outputs()[2]->producer_output(), 2);
-  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+  for (const char* domain : {GT, ""}) {
+    Graph g = new_graph("llama_block");
+    if (!*domain) g.opset_imports[""] = 23;
+    Value* a = g.add_input("a", {DType::kFloat32, kBTC});
+    Value* r = g.add_input("r", {DType::kFloat32, kBTC});
+    Value* scale = g.add_input("scale", {DType::kFloat32, SymShape{SymDim(6)}});
+    Value* dy = g.add_input("dy", {DType::kFloat32, kBTC});
+    Value* dres = g.add_input("dres", {DType::kFloat32, kBTC});
+    Value* s = g.add_op("Add", {a, r});
+    Node* rms = g.add_node("RMSNormalization", {s, scale}, {"y", "inv"}, domain);
+    rms->attributes["axis"] = Attribute::of(int64_t{-1});
+    rms->attributes["epsilon"] = Attribute::of(1e-6f);
+    Node* grad =
+        g.add_node("RMSNormalizationGrad", {dy, s, scale, rms->outputs()[1]}, {"dx", "dscale"}, GT);
+    grad->attributes["axis"] = Attribute::of(int64_t{-1});
+    Value* dsum = g.add_op("Add", {grad->outputs()[0], dres});
+    for (Value* v : {rms->outputs()[0], rms->outputs()[1], s, dsum, grad->outputs()[1]})
+      g.add_output(v);
+    std::vector<Shape> shapes = {{3, 4, 6}, {3, 4, 6}, {6}, {3, 4, 6}, {3, 4, 6}};
+    auto before = run_all(clone_graph(g), shapes);
+    EXPECT_EQ(fuse_layer_norm(g), 2u);
+    EXPECT_EQ(count(g, "AddRMSNormalization"), 1u);
+    EXPECT_EQ(count(g, "RMSNormalization"), 0u);
+    EXPECT_EQ(count(g, "Add"), 0u);
+    EXPECT_EQ(count(g, "RMSNormalizationGrad"), 1u);
+    EXPECT_EQ(g.outputs()[2]->name(), s->name());
+    EXPECT_EQ(g.outputs()[2]->producer_output(), 2);
+    expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+  }
 }
 
 // ---- recognize_silu_mul ------------------------------------------------------------------------

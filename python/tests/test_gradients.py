@@ -310,6 +310,15 @@ CASES = [
         )
         for shape in [(5, 64), (3, 2, 37), (4, 300)]
     ],
+    # ONNX's own RMSNormalization (opset 23): Y alone, over the dims from `axis` on
+    Case(
+        "RMSNormalization",
+        {"x": randn(3, 4, 16) * 2 + 0.5, "w": randn(4, 16)},
+        ["x", "w"],
+        lambda x, w: F.rms_norm(x, (4, 16), w, 1e-6),
+        {"axis": 1, "epsilon": 1e-6},
+        opset=23,
+    ),
     Case(
         "ReduceSum",
         {"x": randn(3, 4, 5), "axes": np.array([1], np.int64)},

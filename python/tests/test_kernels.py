@@ -802,3 +802,17 @@ def test_graph_runs_flush_denormals_and_give_the_thread_its_mode_back():
     assert tiny[0, 0] * tiny[0, 0] == np.float32(2.0**-140)
     graphtrain.set_option("flush_denormals", False)
     assert (run_graphtrain(model, {"a": tiny, "b": tiny})[0] == np.float32(2.0**-140)).all()
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 5, 64), -1), ((3, 4, 7), 1)])
+def test_onnx_rms_normalization_matches_onnxruntime(shape, axis):
+    # ONNX opset 23's RMSNormalization (Y alone) runs on graphtrain's kernel; onnxruntime is the
+    # oracle.
+    x = randn(*shape) * 3 + 1
+    w = randn(*shape[axis:])
+    model = node_model(
+        "RMSNormalization", {"x": x, "w": w}, {"axis": axis, "epsilon": 1e-5}, opset=23
+    )
+    (ours,) = run_graphtrain(model, {"x": x, "w": w})
+    (ref,) = run_ort(model, {"x": x, "w": w})
+    close(ours, ref, rtol=1e-5, atol=1e-5)

@@ -42,6 +42,7 @@ void batch_norm(Ctx& c) {
 
 const bool registered = [] {
   register_gradient("", "LayerNormalization", layer_norm);
+  register_gradient("", "RMSNormalization", rms_norm);  // ONNX's (opset 23)
   register_gradient(GT, "RMSNormalization", rms_norm);
   register_gradient("", "BatchNormalization", batch_norm);
   register_gradient(GT, "BatchNormalization", batch_norm);

@@ -3,7 +3,7 @@
 // - Forward: LayerNormalization(A + R) (A itself may be M + Bias, Bias over the normalized dims
 //   and read by nothing else) becomes graphtrain::AddLayerNormalization(A or M, R, Scale, B,
 //   Bias), which also outputs the sum: the residual stream that later blocks and the backward
-//   read keeps its name. graphtrain::RMSNormalization(A + R) the same, as
+//   read keeps its name. RMSNormalization(A + R) (graphtrain's, or ONNX's of opset 23) the same, as
 //   AddRMSNormalization(A or M, R, Scale, Bias) with the sum as output 2.
 // - Backward: the norm's input gradient plus another gradient of the same shape (the residual's)
 //   becomes one LayerNormalizationGrad (RMSNormalizationGrad) with that gradient as its last input.
@@ -50,8 +50,8 @@ size_t fuse_layer_norm(Graph& graph) {
   infer_shapes(graph);
   size_t fused = 0;
   Pattern residual = Pattern::op({"Add"}, {Pattern::any("a"), Pattern::any("r")}, "add").shared();
-  Pattern ln =
-      Pattern::op({"LayerNormalization", "graphtrain::RMSNormalization"}, {residual}, "ln");
+  Pattern ln = Pattern::op(
+      {"LayerNormalization", "RMSNormalization", "graphtrain::RMSNormalization"}, {residual}, "ln");
   fused += rewrite_matches(graph, ln, [](Graph& g, const Match& m) {
     Node* ln = m.node("ln");
     const bool rms = ln->op_type == "RMSNormalization";

@@ -58,6 +58,7 @@ const bool registered = [] {
     layer_norm(ctx);
     infer_like_input(ctx, 3, 0);
   });
+  register_shape_inferer("", "RMSNormalization", rms_norm);  // ONNX's (opset 23)
   register_shape_inferer(GT, "RMSNormalization", rms_norm);
   // (A, R, Scale, [Bias]) -> RMSNormalization's outputs and the sum A + R (+ Bias).
   register_shape_inferer(GT, "AddRMSNormalization", [](InferenceContext& ctx) {

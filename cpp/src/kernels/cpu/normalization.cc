@@ -348,7 +348,10 @@ const bool registered = [] {
   // dX is written row by row after the row of dY (and of the added gradient) has been read.
   register_kernel(GT, "LayerNormalizationGrad", {F32}, layer_norm_grad<false>, 0,
                   in_place({{0, 0}, {0, 5}}));
-  register_kernel(GT, "RMSNormalization", {F32}, layer_norm<false, true>);
+  // ONNX's RMSNormalization (opset 23: Y only, stash_type float) is graphtrain's, whose InvStdDev
+  // output a gradient adds to the node.
+  for (const char* domain : {"", GT})
+    register_kernel(domain, "RMSNormalization", {F32}, layer_norm<false, true>);
   register_kernel(GT, "AddRMSNormalization", {F32}, layer_norm<true, true>);
   register_kernel(GT, "RMSNormalizationGrad", {F32}, layer_norm_grad<true>, 0,
                   in_place({{0, 0}, {0, 4}}));
