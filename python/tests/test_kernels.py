@@ -258,6 +258,25 @@ def test_reduce(op, fn, axes, keep):
     close(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize(
+    "op, fn", [("ReduceSum", np.sum), ("ReduceMax", np.max), ("ReduceMin", np.min)]
+)
+@pytest.mark.parametrize("axes, keep", [([1], 1), ([0, 2], 0), ([-1], 0), (None, 1)])
+def test_reduce_integers_exactly(dtype, op, fn, axes, keep):
+    # Index arithmetic (BEiT's relative position index sums its coordinates over the last axis):
+    # exact, in the element type.
+    x = rng.integers(-(2**20), 2**20, (3, 4, 5)).astype(dtype)
+    inputs = {"x": x, "axes": None if axes is None else np.array(axes, np.int64)}
+    out_type = TensorProto.INT64 if dtype == np.int64 else TensorProto.INT32
+    (out,) = run_node(
+        op, inputs, {"keepdims": keep}, out_types=[out_type], constant_inputs=("axes",)
+    )
+    ref = fn(x, axis=None if axes is None else tuple(axes), keepdims=bool(keep))
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, ref)
+
+
 @pytest.mark.parametrize("shape", [(7, 9, 13), (3, 50, 20), (2, 2, 600)])
 def test_reduce_sum_over_leading_axes(shape):
     """A bias gradient's sum over the leading axes: rows four at a time, blocks of 64 rows, and

@@ -12,35 +12,89 @@ namespace {
 
 enum class Kind { kSum, kMean, kMax, kMin };
 
+// What a Reduce node does to x: its output shape, the kept dims (`perm`) and the reduced ones
+// (`tail`) in order, and how many elements each output reduces; `noop` for empty axes with
+// noop_with_empty_axes (the output is x).
+struct Reduction {
+  Shape out_shape;
+  std::vector<int64_t> perm, tail;
+  int64_t cols = 1;
+  bool noop = false;
+};
+
 template <Kind K>
-void reduce(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
+Reduction reduction_of(KernelContext& ctx, const Tensor& x) {
+  Reduction r;
   int64_t rank = static_cast<int64_t>(x.rank());
   std::vector<int64_t> axes =
       ctx.has_input(1) ? ctx.input(1).to_int64_vector() : ctx.node().attr_ints("axes");
   bool keep = ctx.node().attr_int("keepdims", 1) != 0;
   if (axes.empty() && ctx.node().attr_int("noop_with_empty_axes", 0) != 0) {
-    ctx.set_output(0, x);
-    return;
+    r.noop = true;
+    return r;
   }
   std::vector<bool> reduced(x.rank(), axes.empty());
   for (int64_t a : axes) reduced[static_cast<size_t>(axis_of(ctx, a, rank))] = true;
-  Shape out_shape;
-  std::vector<int64_t> perm, tail;
-  int64_t cols = 1;
   for (size_t i = 0; i < x.rank(); ++i) {
     if (reduced[i]) {
-      tail.push_back(static_cast<int64_t>(i));
-      cols *= x.dim(i);
-      if (keep) out_shape.push_back(1);
+      r.tail.push_back(static_cast<int64_t>(i));
+      r.cols *= x.dim(i);
+      if (keep) r.out_shape.push_back(1);
     } else {
-      perm.push_back(static_cast<int64_t>(i));
-      out_shape.push_back(x.dim(i));
+      r.perm.push_back(static_cast<int64_t>(i));
+      r.out_shape.push_back(x.dim(i));
     }
   }
-  if ((K == Kind::kMax || K == Kind::kMin) && cols == 0 && x.numel() == 0 &&
-      shape_numel(out_shape) > 0)
+  if ((K == Kind::kMax || K == Kind::kMin) && r.cols == 0 && x.numel() == 0 &&
+      shape_numel(r.out_shape) > 0)
     ctx.fail("cannot take the max or min of an empty set");
+  return r;
+}
+
+// x with the reduced axes moved last: each output element reduces one contiguous row of cols.
+Tensor reduced_last(KernelContext& ctx, const Tensor& x, const Reduction& r) {
+  std::vector<int64_t> perm = r.perm;
+  perm.insert(perm.end(), r.tail.begin(), r.tail.end());
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
+  return identity ? x : permute(ctx, x, perm);
+}
+
+// ReduceSum, ReduceMax and ReduceMin of integers (index arithmetic: BEiT's relative position
+// index sums its coordinates), exact in the element type.
+template <Kind K, typename T>
+void reduce_integers(KernelContext& ctx, const Tensor& x, const Reduction& r) {
+  Tensor src = reduced_last(ctx, x, r);
+  Tensor& out = ctx.allocate_output(0, x.dtype(), r.out_shape);
+  const T* px = src.data<T>();
+  T* po = out.data<T>();
+  for (int64_t row = 0; row < out.numel(); ++row) {
+    const T* p = px + row * r.cols;
+    T acc = K == Kind::kMax   ? std::numeric_limits<T>::lowest()
+            : K == Kind::kMin ? std::numeric_limits<T>::max()
+                              : T{0};
+    for (int64_t i = 0; i < r.cols; ++i)
+      acc = K == Kind::kMax   ? std::max(acc, p[i])
+            : K == Kind::kMin ? std::min(acc, p[i])
+                              : acc + p[i];
+    po[row] = acc;
+  }
+}
+
+template <Kind K>
+void reduce(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t rank = static_cast<int64_t>(x.rank());
+  const Reduction red = reduction_of<K>(ctx, x);
+  if (red.noop) {
+    ctx.set_output(0, x);
+    return;
+  }
+  if (x.dtype() == DType::kInt64) return reduce_integers<K, int64_t>(ctx, x, red);
+  if (x.dtype() == DType::kInt32) return reduce_integers<K, int32_t>(ctx, x, red);
+  const Shape& out_shape = red.out_shape;
+  const std::vector<int64_t>& tail = red.tail;
+  const int64_t cols = red.cols;
   // The reduced axes one block that is not last: leading (a bias gradient) or in the middle (the
   // gradient of a repeat, as grouped-query attention's keys): each output row of `width` elements
   // sums `cols` rows of x, added row by row, vectorized.
@@ -89,10 +143,7 @@ void reduce(KernelContext& ctx) {
     return;
   }
   // Reduced axes last, so each output element reduces one contiguous row.
-  bool identity = true;
-  perm.insert(perm.end(), tail.begin(), tail.end());
-  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
-  Tensor src = identity ? x : permute(ctx, x, perm);
+  Tensor src = reduced_last(ctx, x, red);
   Tensor& out = ctx.allocate_output(0, x.dtype(), out_shape);
   int64_t rows = out.numel();
   const float* px = src.data<float>();
@@ -311,10 +362,11 @@ void cumsum(KernelContext& ctx) {
 
 const bool registered = [] {
   register_kernel("", "CumSum", {F32, DType::kInt64, DType::kInt32}, cumsum);
-  register_kernel("", "ReduceSum", {DType::kFloat32}, reduce<Kind::kSum>);
+  const std::vector<DType> numbers = {F32, DType::kInt64, DType::kInt32};
+  register_kernel("", "ReduceSum", numbers, reduce<Kind::kSum>);
   register_kernel("", "ReduceMean", {DType::kFloat32}, reduce<Kind::kMean>);
-  register_kernel("", "ReduceMax", {DType::kFloat32}, reduce<Kind::kMax>);
-  register_kernel("", "ReduceMin", {DType::kFloat32}, reduce<Kind::kMin>);
+  register_kernel("", "ReduceMax", numbers, reduce<Kind::kMax>);
+  register_kernel("", "ReduceMin", numbers, reduce<Kind::kMin>);
   register_kernel("", "ArgMax", {DType::kFloat32}, arg_reduce<true>);
   register_kernel("", "ArgMin", {DType::kFloat32}, arg_reduce<false>);
   register_kernel(GT, "SumToShape", {F32}, sum_to_shape);
