@@ -1525,6 +1525,26 @@ TEST_F(PassesTest, RecognizeSiluMulBecomesOneOp) {
   EXPECT_EQ(recognize_silu_mul(shared), 0u);
 }
 
+// A bare SiLU, x * Sigmoid(x) in either order (a convolutional net's activation), becomes SiluMul
+// without U; x * Sigmoid(y) stays.
+TEST_F(PassesTest, RecognizeSiluMulTakesABareSilu) {
+  for (bool swap : {false, true}) {
+    Graph g = new_graph("silu");
+    Value* x = g.add_input("x", {DType::kFloat32, SymShape{SymDim(3), SymDim(7)}});
+    Value* y = g.add_input("y", {DType::kFloat32, SymShape{SymDim(3), SymDim(7)}});
+    Value* sig = g.add_op("Sigmoid", {x});
+    g.add_output(g.add_op("Exp", {swap ? g.add_op("Mul", {sig, x}) : g.add_op("Mul", {x, sig})}));
+    g.add_output(g.add_op("Mul", {x, g.add_op("Sigmoid", {y})}));
+    infer_shapes(g);
+    std::vector<Shape> shapes = {{3, 7}, {3, 7}};
+    auto before = run_all(clone_graph(g), shapes);
+    ASSERT_EQ(recognize_silu_mul(g), 1u) << swap;
+    EXPECT_EQ(count(g, "SiluMul"), 1u);
+    EXPECT_EQ(count(g, "Sigmoid"), 1u);  // y's
+    expect_near(run_all(std::move(g), shapes), before, 1e-6f);
+  }
+}
+
 // ---- fold_pad_into_conv ------------------------------------------------------------------------
 
 // x [2, 3, 7, 6] -> Conv(Pad(x, pads), w [4, 3, 3, 3], strides 2, pads 1 0 0 1) + Exp (pads in

@@ -298,6 +298,9 @@ CASES = [
         lambda g, u: F.silu(g) * u,
         domain="graphtrain",
     ),
+    Case(
+        "SiluMul", {"g": randn(5, 23) * 3}, ["g"], lambda g: F.silu(g), domain="graphtrain"
+    ),  # SiLU
     # RMSNorm rows of 64 (in registers: 4 or 8 vectors), 37 and 300 (the plain loops)
     *[
         Case(

@@ -25,8 +25,8 @@ const std::vector<Pass>& pass_pipeline() {
        "Mistral, Qwen2) becomes one Rotary, forward and backward one pass, before autodiff",
        recognize_rotary, true},
       {"recognize_silu_mul",
-       "a SwiGLU MLP's silu(gate) * up becomes one SiluMul, whose gradient computes the sigmoid "
-       "again (no sigmoid or silu stashed), before autodiff",
+       "a SwiGLU MLP's silu(gate) * up, and a bare SiLU, become one SiluMul, whose gradient "
+       "computes the sigmoid again (no sigmoid or silu stashed), before autodiff",
        recognize_silu_mul, true},
       {"fold_pad_into_conv",
        "a Conv reading a zero Pad of its input (TensorFlow's SAME padding spelled out) reads the "

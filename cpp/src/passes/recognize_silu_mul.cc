@@ -8,7 +8,9 @@
 // stashed tensors fewer, and the backward one pass in place of two.
 //
 // Taken: the products in either operand order; G and U float32 of one known shape; the sigmoid and
-// silu(G) read by nothing else.
+// silu(G) read by nothing else. A SiLU whose output is not multiplied so (a convolutional net's
+// activation) becomes SiluMul(G) without U: the forward writes Y alone (not the sigmoid too), and
+// its gradient reads G and dY alone.
 #include "graphtrain/passes.h"
 #include "passes/pattern.h"
 
@@ -42,6 +44,22 @@ size_t recognize_silu_mul(Graph& graph) {
         return true;
       });
     }
+  // Then a bare SiLU (MobileViT's, EfficientNet's activations): SiluMul(G) without U.
+  for (bool sigmoid_first : {false, true}) {
+    Pattern sig = Pattern::op({"Sigmoid"}, {Pattern::any("g")}, "sigmoid");
+    Pattern silu = Pattern::op({"Mul"},
+                               sigmoid_first ? std::vector<Pattern>{sig, Pattern::any("x")}
+                                             : std::vector<Pattern>{Pattern::any("x"), sig},
+                               "silu");
+    fused += rewrite_matches(graph, silu, [](Graph& g, const Match& m) {
+      Value* x = m.value("g");
+      if (m.value("x") != x || !x || x->type.dtype != DType::kFloat32) return false;
+      Node* sigmoid = m.node("sigmoid");
+      replace_node(g, m.node("silu"), "SiluMul", kGraphtrainDomain, {x});
+      g.remove_node(sigmoid);
+      return true;
+    });
+  }
   return fused;
 }
 

@@ -505,26 +505,29 @@ const bool registered = [] {
         });
       },
       0, first);
-  // graphtrain::SiluMul(G, U) = silu(G) * U (pass recognize_silu_mul: a SwiGLU MLP's gate and up
-  // projections), and its gradient SiluMulGrad(dY, G, U) -> (dG, dU) in one pass, the sigmoid
-  // computed again from G: the forward stashes neither the sigmoid nor silu(G).
-  register_kernel(GT, "SiluMul", {F32},
-                  [](KernelContext& ctx) { apply_vec_op(ctx, 5, VecOp::kSiluMul); });
+  // graphtrain::SiluMul(G, [U]) = silu(G) * U (pass recognize_silu_mul: a SwiGLU MLP's gate and
+  // up projections; without U a bare SiLU), and its gradient SiluMulGrad(dY, G, [U]) -> (dG, dU)
+  // in one pass, the sigmoid computed again from G: the forward stashes neither the sigmoid nor
+  // silu(G).
+  register_kernel(GT, "SiluMul", {F32}, [](KernelContext& ctx) {
+    apply_vec_op(ctx, 5, ctx.has_input(1) ? VecOp::kSiluMul : VecOp::kSilu);
+  });
   register_kernel(GT, "SiluMulGrad", {F32}, [](KernelContext& ctx) {
     const Tensor& dy = ctx.input(0);
     const Tensor& g = ctx.input(1);
-    const Tensor& u = ctx.input(2);
-    if (g.shape() != dy.shape() || u.shape() != dy.shape())
+    const Tensor* u = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+    if (g.shape() != dy.shape() || (u && u->shape() != dy.shape()))
       ctx.fail("dY, G and U must have the same shape, got " + dy.describe() + ", " + g.describe() +
-               " and " + u.describe());
+               (u ? " and " + u->describe() : std::string()));
     float* dg =
         ctx.output_requested(0) ? ctx.allocate_output(0, F32, g.shape()).data<float>() : nullptr;
-    float* du =
-        ctx.output_requested(1) ? ctx.allocate_output(1, F32, u.shape()).data<float>() : nullptr;
-    const float *pd = dy.data<float>(), *pg = g.data<float>(), *pu = u.data<float>();
+    float* du = u && ctx.output_requested(1) ? ctx.allocate_output(1, F32, u->shape()).data<float>()
+                                             : nullptr;
+    if (!u && !dg) return;
+    const float *pd = dy.data<float>(), *pg = g.data<float>(), *pu = u ? u->data<float>() : nullptr;
     parallel_for(ctx, dy.numel(), 6, [&](int64_t lo, int64_t hi) {
-      vec_silu_mul_grad(pd + lo, pg + lo, pu + lo, dg ? dg + lo : nullptr, du ? du + lo : nullptr,
-                        hi - lo);
+      vec_silu_mul_grad(pd + lo, pg + lo, pu ? pu + lo : nullptr, dg ? dg + lo : nullptr,
+                        du ? du + lo : nullptr, hi - lo);
     });
   });
   register_kernel(

@@ -36,6 +36,7 @@ inline constexpr auto relu_grad = [](auto g, auto y) { return y > 0.0f ? g : dec
 inline constexpr auto sigmoid_grad = [](auto g, auto y) { return g * y * (1.0f - y); };
 // A SwiGLU MLP's elementwise part, silu(g) * u = g sigmoid(g) u.
 inline constexpr auto silu_mul = [](auto g, auto u) { return g * sigmoid(g) * u; };
+inline constexpr auto silu = [](auto g) { return g * sigmoid(g); };
 inline constexpr auto tanh_grad = [](auto g, auto y) { return g * (1.0f - y * y); };
 inline constexpr auto gelu_erf_grad = [](auto g, auto x) {
   auto e = vec::exp(-0.5f * x * x);  // serves Phi and the density

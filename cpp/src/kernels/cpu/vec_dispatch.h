@@ -19,6 +19,7 @@ enum class VecOp {
   kGeluTanhGrad,
   // two inputs (G, U): silu(G) * U
   kSiluMul,
+  kSilu,  // silu(a) = a * sigmoid(a): SiluMul without U
 };
 
 // y[i] = op(a[i]) or op(a[i], b[i]) for i < n.
@@ -39,7 +40,8 @@ void vec_gelu_with_derivative(bool tanh, const float* a, const float* b, float* 
 void vec_gelu_grad_from_output(bool tanh, const float* dy, const float* x, const float* y,
                                float* out, int64_t n);
 
-// The gradient of y = silu(g) * u (VecOp::kSiluMul) for i < n, the sigmoid computed again from g:
+// The gradient of y = silu(g) * u (VecOp::kSiluMul; u null: 1, VecOp::kSilu) for i < n, the
+// sigmoid computed again from g:
 // du[i] = dy silu(g) and dg[i] = dy u s (1 + g (1 - s)), s = sigmoid(g), each where not null.
 void vec_silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, float* du,
                        int64_t n);

@@ -255,6 +255,8 @@ void apply(VecOp op, const float* a, const float* b, float* y, int64_t n) {
       return map2<V>(a, b, y, n, math::gelu_tanh_grad);
     case VecOp::kSiluMul:
       return map2<V>(a, b, y, n, math::silu_mul);
+    case VecOp::kSilu:
+      return map<V>(a, y, n, math::silu);
   }
 }
 
@@ -268,6 +270,17 @@ void silu_mul_grad(const float* dy, const float* g, const float* u, float* dg, f
     if (dg) store_g(d * uv * s * (1.0f + gv * (1.0f - s)));
   };
   int64_t i = 0;
+  if (!u) {  // y = silu(g)
+    for (; i + kLanes <= n; i += kLanes) {
+      V gv = load_as<V>(g + i), s = math::sigmoid(gv);
+      store_as(dg + i, load_as<V>(dy + i) * s * (1.0f + gv * (1.0f - s)));
+    }
+    for (; i < n; ++i) {
+      float s = math::sigmoid(g[i]);
+      dg[i] = dy[i] * s * (1.0f + g[i] * (1.0f - s));
+    }
+    return;
+  }
   for (; i + kLanes <= n; i += kLanes)
     both(
         load_as<V>(dy + i), load_as<V>(g + i), load_as<V>(u + i), [&](V v) { store_as(dg + i, v); },
