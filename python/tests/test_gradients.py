@@ -338,7 +338,7 @@ CASES = [
         const=("axes",),
     ),
     # ReduceGrad's fast paths: reduced axes trailing (each dY element fills a run), all of them (a
-    # mean loss), leading (dY is dX's repeated row)
+    # mean loss), leading or in the middle (a mean over a sequence: dY's rows repeat)
     Case(
         "ReduceMean",
         {"x": randn(3, 4, 5), "axes": np.array([1, 2], np.int64)},
@@ -348,6 +348,14 @@ CASES = [
         const=("axes",),
     ),
     Case("ReduceMean", {"x": randn(3, 4, 5)}, ["x"], lambda x: x.mean(), {"keepdims": 0}),
+    Case(
+        "ReduceMean",
+        {"x": randn(3, 4, 5, 6), "axes": np.array([1, 2], np.int64)},
+        ["x"],
+        lambda x, axes: x.mean((1, 2)),
+        {"keepdims": 0},
+        const=("axes",),
+    ),
     Case(
         "ReduceSum",
         {"x": randn(3, 4, 5), "axes": np.array([0, -2], np.int64)},

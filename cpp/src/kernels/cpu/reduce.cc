@@ -239,17 +239,21 @@ void reduce_grad(KernelContext& ctx) {
   if (st != dy.numel())
     ctx.fail(str_cat("gradient of ", dy.numel(), " elements does not match ", xs));
   float scale = mean && count ? 1.0f / static_cast<float>(count) : 1.0f;
-  // The reduced axes trailing (a mean over everything, or over each row) or leading (a sum over
-  // the batch): each dY element fills a run of dX, or dY is dX's repeated row; else a strided copy.
+  // The reduced axes trailing (a mean over everything, or over each row): each dY element fills a
+  // run of dX. One block before trailing axes (a sum over the batch, a mean over a sequence):
+  // each row of dY repeats. Else a strided copy.
   auto none_reduced = [&](size_t from, size_t to) {
     return std::find(reduced.begin() + static_cast<int64_t>(from),
                      reduced.begin() + static_cast<int64_t>(to),
                      true) == reduced.begin() + static_cast<int64_t>(to);
   };
-  size_t lead = 0, trail = xs.size();
-  while (lead < xs.size() && reduced[lead]) ++lead;
+  size_t trail = xs.size();
   while (trail > 0 && reduced[trail - 1]) --trail;
-  bool suffix = none_reduced(0, trail), prefix = none_reduced(lead, xs.size());
+  size_t first = 0;
+  while (first < xs.size() && !reduced[first]) ++first;
+  size_t last = first;
+  while (last < xs.size() && reduced[last]) ++last;
+  bool suffix = none_reduced(0, trail), block = first < last && none_reduced(last, xs.size());
   const float* g = dy.data<float>();
   float* p = dx.data<float>();
   if (suffix && count > 0) {  // dx[i * count + j] = g[i] * scale
@@ -262,10 +266,15 @@ void reduce_grad(KernelContext& ctx) {
     });
     return;
   }
-  if (prefix && st > 0) {  // dx[j * st + i] = g[i] * scale
-    parallel_for(ctx, count, st, [&](int64_t lo, int64_t hi) {
-      for (int64_t j = lo; j < hi; ++j)
-        for (int64_t i = 0; i < st; ++i) p[j * st + i] = g[i] * scale;
+  if (block && st > 0) {  // dx[(o * count + r) * width + i] = g[o * width + i] * scale
+    int64_t width = 1;
+    for (size_t i = last; i < xs.size(); ++i) width *= xs[i];
+    parallel_for(ctx, dx.numel() / width, width, [&](int64_t lo, int64_t hi) {
+      for (int64_t row = lo; row < hi; ++row) {
+        const float* src = g + row / count * width;
+        float* dst = p + row * width;
+        for (int64_t i = 0; i < width; ++i) dst[i] = src[i] * scale;
+      }
     });
     return;
   }
