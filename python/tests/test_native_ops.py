@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -460,6 +461,28 @@ def test_written_out_attention_becomes_one_packed_attention(tmp_path):
             assert ops.count("Add") == 1, ops
 
 
+def _trained_at_parity(model: torch.nn.Module, x: torch.Tensor, folder: Path) -> tuple[list, list]:
+    """One forward and backward of `model` in GraphModule: the output and every gradient (x's and
+    the parameters') match torch's; returns the nodes of the training forward and backward
+    graphs."""
+    onnx = pytest.importorskip("onnx")
+    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="m", save_path=str(folder))
+    gm = GraphModule(copy.deepcopy(model), debug)
+    x.requires_grad_()
+    ref = model(x)
+    g = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
+    out = gm(x)
+    grads = torch.autograd.grad(out, (x, *gm.module.parameters()), g)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    return tuple(
+        list(onnx.load(folder / f"m_train_training_{kind}.onnx").graph.node)
+        for kind in ("forward", "backward")
+    )
+
+
 class _RMSNorms(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -476,24 +499,10 @@ def test_torch_rms_norm_becomes_one_op(tmp_path):
     of x^2 + eps) * w): one RMSNormalization each in the forward (recognize_rms_norm), one
     RMSNormalizationGrad each backward, and outputs and gradients match torch's."""
     torch.manual_seed(0)
-    model = _RMSNorms()
-    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="rms", save_path=str(tmp_path))
-    gm = GraphModule(copy.deepcopy(model), debug)
-    x = torch.randn(4, 8, 16, requires_grad=True)
-    ref = model(x)
-    g = torch.randn_like(ref)
-    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
-    out = gm(x)
-    grads = torch.autograd.grad(out, (x, *gm.module.parameters()), g)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-    for a, b in zip(grads, grads_ref):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    onnx = pytest.importorskip("onnx")
-    for name, op in (("forward", "RMSNormalization"), ("backward", "RMSNormalizationGrad")):
-        ops = [
-            n.op_type for n in onnx.load(tmp_path / f"rms_train_training_{name}.onnx").graph.node
-        ]
-        assert ops.count(op) == 2 and "ReduceMean" not in ops, ops
+    forward, backward = _trained_at_parity(_RMSNorms(), torch.randn(4, 8, 16), tmp_path)
+    for ops, op in ((forward, "RMSNormalization"), (backward, "RMSNormalizationGrad")):
+        assert [n.op_type for n in ops].count(op) == 2, ops
+        assert "ReduceMean" not in [n.op_type for n in ops]
 
 
 class _SamePadded(torch.nn.Module):
@@ -517,25 +526,15 @@ def test_zero_pads_before_convolutions_become_conv_pads(tmp_path):
     convolution's own pads before autodiff (fold_pad_into_conv): no Pad forward, no cropping Pad
     backward, and outputs and gradients match torch's, through the depthwise kernels too."""
     torch.manual_seed(0)
-    model = _SamePadded()
-    debug = graphtrain.DebugOptions(save_onnx=True, onnx_prefix="pad", save_path=str(tmp_path))
-    gm = GraphModule(copy.deepcopy(model), debug)
-    x = torch.randn(2, 4, 10, 12, requires_grad=True)
-    ref = model(x)
-    g = torch.randn_like(ref)
-    grads_ref = torch.autograd.grad(ref, (x, *model.parameters()), g)
-    out = gm(x)
-    grads = torch.autograd.grad(out, (x, *gm.module.parameters()), g)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(grads, grads_ref):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    onnx = pytest.importorskip("onnx")
-    for name in ("forward", "backward"):
-        graph = onnx.load(tmp_path / f"pad_train_training_{name}.onnx").graph
-        assert "Pad" not in [n.op_type for n in graph.node], name
-    convs = [n for n in onnx.load(tmp_path / "pad_train_training_forward.onnx").graph.node]
+    forward, backward = _trained_at_parity(_SamePadded(), torch.randn(2, 4, 10, 12), tmp_path)
+    for ops in (forward, backward):
+        assert "Pad" not in [n.op_type for n in ops]
     pads = [
-        list(a.ints) for n in convs if n.op_type == "Conv" for a in n.attribute if a.name == "pads"
+        list(a.ints)
+        for n in forward
+        if n.op_type == "Conv"
+        for a in n.attribute
+        if a.name == "pads"
     ]
     assert pads == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], pads
 
