@@ -552,6 +552,27 @@ def _stack(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Concat", parts, axis=dim)
 
 
+@op(aten.meshgrid.default, aten.meshgrid.indexing)
+def _meshgrid(n: torch.fx.Node, t: Translator) -> list[str]:
+    """Coordinate grids (BEiT's and Swin's relative position indices): each 1-D input unsqueezed
+    to its own axis and expanded to all of them; 'xy' indexing swaps the first two axes."""
+    xs = list(n.args[0])
+    indexing = n.args[1] if len(n.args) > 1 else n.kwargs.get("indexing", "ij")
+    if any(rank(x) != 1 for x in xs):
+        t.unsupported(n, "meshgrid of inputs that are not 1-D")
+    axis = list(range(len(xs)))
+    if indexing == "xy" and len(xs) > 1:
+        axis[0], axis[1] = 1, 0
+    by_axis = sorted(range(len(xs)), key=lambda k: axis[k])
+    shape = t.emit("Concat", [t.emit("Shape", [t.value(xs[k])]) for k in by_axis], axis=0)
+    out = []
+    for k, x in enumerate(xs):
+        others = [a for a in range(len(xs)) if a != axis[k]]
+        grid = t.emit("Unsqueeze", [t.value(x), t.ints(others)]) if others else t.value(x)
+        out.append(t.emit("Expand", [grid, shape]))
+    return out
+
+
 @op(aten.embedding.default)
 def _embedding(n: torch.fx.Node, t: Translator) -> str:
     w, ids = n.args[0], n.args[1]

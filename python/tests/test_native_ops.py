@@ -645,3 +645,35 @@ def test_cross_entropy_writes_its_gradient_in_the_forward(tmp_path, reduction, w
     assert loss.domain == "graphtrain" and len(loss.output) == 2
     (grad,) = [n for n in bwd.node if n.op_type == "SoftmaxCrossEntropyLossGrad"]
     assert {a.name: onnx.helper.get_attribute_value(a) for a in grad.attribute}["unit"] == 1
+
+
+class _Grids(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(3))
+        self.b = torch.nn.Parameter(torch.randn(4))
+        self.c = torch.nn.Parameter(torch.randn(2))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ij = torch.meshgrid(self.a * x[0], self.b, indexing="ij")
+        xy = torch.meshgrid(self.a, self.b, self.c, indexing="xy")
+        return (*ij, *xy, torch.stack(torch.meshgrid(self.b, self.c, indexing="xy")))
+
+
+def test_meshgrid_runs_natively_with_both_indexings():
+    """torch.meshgrid (BEiT's and Swin's relative position coordinates) as Unsqueeze + Expand
+    of each input, 'ij' and 'xy' (the first two axes swapped): every grid and the gradients as
+    torch's, and no ATen fallback."""
+    torch.manual_seed(0)
+    model = _Grids()
+    x = torch.randn(2)
+    gm = GraphModule(copy.deepcopy(model))
+    refs, outs = model(x), gm(x)
+    weights = [torch.randn_like(r) for r in refs]
+    sum(((r * w).sum() for r, w in zip(refs, weights)), torch.zeros(())).backward()
+    sum(((o * w).sum() for o, w in zip(outs, weights)), torch.zeros(())).backward()
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o, r)
+    for p, q in zip(gm.module.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert graphtrain.explain(model, x).fallback_ops == []
