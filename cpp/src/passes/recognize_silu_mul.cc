@@ -15,16 +15,24 @@
 #include "passes/pattern.h"
 
 namespace graphtrain {
+namespace {
+
+// silu(G) written x * Sigmoid(g) (the rewrite checks x == g), the sigmoid first or second.
+Pattern silu_pattern(bool sigmoid_first) {
+  Pattern sig = Pattern::op({"Sigmoid"}, {Pattern::any("g")}, "sigmoid");
+  return Pattern::op({"Mul"},
+                     sigmoid_first ? std::vector<Pattern>{sig, Pattern::any("x")}
+                                   : std::vector<Pattern>{Pattern::any("x"), sig},
+                     "silu");
+}
+
+}  // namespace
 
 size_t recognize_silu_mul(Graph& graph) {
   size_t fused = 0;
   for (bool sigmoid_first : {false, true})
     for (bool silu_first : {false, true}) {
-      Pattern sig = Pattern::op({"Sigmoid"}, {Pattern::any("g")}, "sigmoid");
-      Pattern silu = Pattern::op({"Mul"},
-                                 sigmoid_first ? std::vector<Pattern>{sig, Pattern::any("x")}
-                                               : std::vector<Pattern>{Pattern::any("x"), sig},
-                                 "silu");
+      Pattern silu = silu_pattern(sigmoid_first);
       Pattern product = Pattern::op({"Mul"},
                                     silu_first ? std::vector<Pattern>{silu, Pattern::any("u")}
                                                : std::vector<Pattern>{Pattern::any("u"), silu},
@@ -46,12 +54,7 @@ size_t recognize_silu_mul(Graph& graph) {
     }
   // Then a bare SiLU (MobileViT's, EfficientNet's activations): SiluMul(G) without U.
   for (bool sigmoid_first : {false, true}) {
-    Pattern sig = Pattern::op({"Sigmoid"}, {Pattern::any("g")}, "sigmoid");
-    Pattern silu = Pattern::op({"Mul"},
-                               sigmoid_first ? std::vector<Pattern>{sig, Pattern::any("x")}
-                                             : std::vector<Pattern>{Pattern::any("x"), sig},
-                               "silu");
-    fused += rewrite_matches(graph, silu, [](Graph& g, const Match& m) {
+    fused += rewrite_matches(graph, silu_pattern(sigmoid_first), [](Graph& g, const Match& m) {
       Value* x = m.value("g");
       if (m.value("x") != x || !x || x->type.dtype != DType::kFloat32) return false;
       Node* sigmoid = m.node("sigmoid");
