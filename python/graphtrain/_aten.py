@@ -1168,20 +1168,27 @@ def _log_base(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Mul", [t.emit("Log", [t.value(n.args[0])]), t.scalar(1.0 / math.log(base), n)])
 
 
-@op(aten.sign.default, aten.floor.default, aten.ceil.default, aten.round.default)
+_ROUNDING = {
+    aten.sign.default: "Sign",
+    aten.sign_.default: "Sign",
+    aten.floor.default: "Floor",
+    aten.floor_.default: "Floor",  # drop path: (keep + rand).floor_()
+    aten.ceil.default: "Ceil",
+    aten.ceil_.default: "Ceil",
+    aten.round.default: "Round",
+    aten.round_.default: "Round",
+}
+
+
+@op(*_ROUNDING)
 def _sign(n: torch.fx.Node, t: Translator) -> str:
     """Sign, Floor, Ceil, Round (halves to even, as torch's): gradient 0, as torch's."""
     x = n.args[0]
+    op_type = _ROUNDING[n.target]
     if not val(x).dtype.is_floating_point:  # integers are their own floor, ceil and round
-        if n.target == aten.sign.default:
+        if op_type == "Sign":
             t.unsupported(n, "sign of an integer tensor")
         return t.value(x)
-    op_type = {
-        aten.sign.default: "Sign",
-        aten.floor.default: "Floor",
-        aten.ceil.default: "Ceil",
-        aten.round.default: "Round",
-    }[n.target]
     return t.emit(op_type, [t.value(x)])
 
 
@@ -1482,6 +1489,39 @@ def _dropout(n: torch.fx.Node, t: Translator) -> str:
             n_out=2,
         )[0]
     return out
+
+
+_RANDOM = {
+    aten.rand.default: "RandomUniformLike",
+    aten.rand_like.default: "RandomUniformLike",
+    aten.randn.default: "RandomNormalLike",
+    aten.randn_like.default: "RandomNormalLike",
+}
+
+
+@op(*_RANDOM)
+def _random(n: torch.fx.Node, t: Translator) -> str:
+    """torch.rand / randn (drop path's mask) on graphtrain's generator: like Dropout, the values
+    are statistically torch's but not the same draws."""
+    dtype = val(n).dtype
+    if n.target in (aten.rand.default, aten.randn.default):
+        like = _filled(t, dtype, t.shape_vector(n.args[0]), 0)
+    else:
+        like = t.value(n.args[0])
+    return t.emit(_RANDOM[n.target], [like], dtype=t.onnx_dtype(dtype))
+
+
+@op(aten.bernoulli.p, aten.bernoulli_.float, aten.bernoulli.default)
+def _bernoulli(n: torch.fx.Node, t: Translator) -> str:
+    """bernoulli(probabilities), and bernoulli.p: `x.new_empty(shape).bernoulli_(p)` (timm's drop
+    path), where only x's shape counts."""
+    dtype = val(n).dtype
+    x = t.value(n.args[0])
+    if n.target == aten.bernoulli.default:
+        return t.emit("Bernoulli", [x], dtype=t.onnx_dtype(dtype))
+    p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+    u = t.emit("RandomUniformLike", [x], dtype=t.onnx_dtype(dtype))
+    return t.emit("Cast", [t.emit("Less", [u, t.scalar(p, n)])], to=t.onnx_dtype(dtype))
 
 
 @op(aten.rms_norm.default)

@@ -544,6 +544,47 @@ def test_dropout_is_statistically_right_and_seeded():
     assert m3.all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_random_uniform_and_normal_like_are_statistically_right_and_seeded(dtype):
+    # 200,000 draws each: the mean's standard error is ~0.001 of the spread.
+    x = np.zeros((400, 500), np.int64)  # only the shape counts
+    code = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    uniform = {"low": -2.0, "high": 3.0, "dtype": code, "seed": 5.0}
+    (u,) = run_node("RandomUniformLike", {"x": x}, uniform, out_types=[code])
+    assert u.dtype == dtype and u.shape == x.shape
+    assert u.min() >= -2.0 and u.max() < 3.0
+    assert abs(u.mean() - 0.5) < 0.02 and abs(u.var() - 25 / 12) < 0.03
+    counts = np.histogram(u, bins=10, range=(-2, 3))[0]  # flat, 20,000 per bin (std 134)
+    assert np.abs(counts - 20000).max() < 700
+    (n,) = run_node("RandomNormalLike", {"x": x}, {"mean": 1.0, "scale": 2.0, "dtype": code})
+    n = np.asarray(n, np.float64)
+    assert abs(n.mean() - 1.0) < 0.02 and abs(n.std() - 2.0) < 0.02
+    assert abs(((n - 1.0) / 2.0 > 1.96).mean() - 0.025) < 0.002  # a normal tail, not uniform's
+    # Neighbours are independent; the same seed gives the same first draw.
+    assert abs(np.corrcoef(n[:, 1:].ravel(), n[:, :-1].ravel())[0, 1]) < 0.01
+    (u2,) = run_node("RandomUniformLike", {"x": x}, uniform, out_types=[code])
+    np.testing.assert_array_equal(u, u2)
+    (u3,) = run_node("RandomUniformLike", {"x": x}, {**uniform, "seed": 6.0}, out_types=[code])
+    assert (u3 != u).mean() > 0.99
+
+
+def test_random_ops_draw_anew_on_every_call_and_take_the_input_dtype():
+    model = node_model("RandomUniformLike", {"x": np.zeros((64, 64), np.float32)})
+    sess = ge.Session(ge.Model.from_bytes(model.SerializeToString()))
+    feeds = {"x": np.zeros((64, 64), np.float32)}
+    a, b = (np.asarray(sess.run(feeds)[0]).copy() for _ in range(2))
+    assert a.dtype == np.float32 and (a != b).mean() > 0.99
+
+
+def test_bernoulli_draws_each_element_with_its_probability():
+    p = np.tile(np.array([0.0, 0.1, 0.5, 0.9, 1.0], np.float32), (40000, 1))
+    (y,) = run_node("Bernoulli", {"p": p})
+    assert set(np.unique(y)) <= {0.0, 1.0}
+    close(y.mean(axis=0), [0.0, 0.1, 0.5, 0.9, 1.0], atol=0.01)  # standard error <= 0.0025
+    with pytest.raises(Exception, match="Bernoulli.*float32 or float64 probabilities, not int64"):
+        run_node("Bernoulli", {"p": np.zeros((3,), np.int64)})
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("weighted, ignore", [(False, None), (True, None), (False, 2), (True, 1)])
 @pytest.mark.parametrize("spatial", [False, True])

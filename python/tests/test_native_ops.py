@@ -677,3 +677,54 @@ def test_meshgrid_runs_natively_with_both_indexings():
     for p, q in zip(gm.module.parameters(), model.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
     assert graphtrain.explain(model, x).fallback_ops == []
+
+
+class _DropPaths(torch.nn.Module):
+    """Stochastic depth as transformers writes it (rand + floor_) and as timm does (bernoulli_)."""
+
+    def __init__(self, keep: float) -> None:
+        super().__init__()
+        self.keep = keep
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * self.w
+        shape = (h.shape[0],) + (1,) * (h.ndim - 1)
+        mask = (self.keep + torch.rand(shape, dtype=h.dtype, device=h.device)).floor_()
+        timm = h.new_empty(shape).bernoulli_(self.keep)
+        return h / self.keep * mask, h / self.keep * timm
+
+
+def test_drop_path_draws_natively_per_sample_and_its_gradient_follows_the_mask():
+    """Drop path's random masks run on graphtrain's generator (no ATen fallback): each sample is
+    kept whole (scaled by 1/keep) or zeroed, with probability keep over many samples, new masks
+    every call, and each backward uses its own forward's mask."""
+    torch.manual_seed(0)
+    keep = 0.7
+    model = _DropPaths(keep)
+    x = torch.randn(4000, 3, 8)
+    assert graphtrain.explain(model, x).fallback_ops == []
+    gm = GraphModule(copy.deepcopy(model))
+    kept = []
+    for _ in range(2):
+        gm.module.w.grad = None
+        a, b = gm(x)
+        (a.sum() + 2 * b.sum()).backward()
+        scaled = x * gm.module.w.detach() / keep
+        masks = []
+        for out in (a, b):
+            m = (out != 0).flatten(1)
+            assert (m.all(1) | ~m.any(1)).all()  # whole samples kept or dropped
+            m = m.all(1)
+            torch.testing.assert_close(out[m], scaled[m])
+            masks.append(m)
+        expected = ((x * (masks[0] + 2 * masks[1])[:, None, None]).sum((0, 1))) / keep
+        torch.testing.assert_close(gm.module.w.grad, expected, rtol=1e-4, atol=1e-3)
+        kept.append(torch.stack(masks))
+    for m in kept[0].float().mean(1):  # 4000 draws: standard error 0.007
+        assert abs(m.item() - keep) < 0.04
+    assert (kept[0] != kept[1]).any()  # new masks every call
+    assert (kept[0][0] != kept[0][1]).any()  # the two drop paths draw independently
+    with torch.no_grad():  # a smaller batch: the masks' shape follows it
+        a, b = gm(x[:10])
+    assert a.shape == (10, 3, 8)
