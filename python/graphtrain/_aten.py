@@ -1524,6 +1524,55 @@ def _bernoulli(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("Cast", [t.emit("Less", [u, t.scalar(p, n)])], to=t.onnx_dtype(dtype))
 
 
+_UPSAMPLE = {  # op -> (mode, its ONNX Resize attributes; align_corners added per call)
+    aten.upsample_bilinear2d.vec: "linear",
+    aten.upsample_bilinear2d.default: "linear",
+    aten.upsample_linear1d.vec: "linear",
+    aten.upsample_linear1d.default: "linear",
+    aten.upsample_nearest2d.vec: "nearest",
+    aten.upsample_nearest2d.default: "nearest",
+    aten.upsample_nearest1d.vec: "nearest",
+    aten.upsample_nearest1d.default: "nearest",
+    aten._upsample_nearest_exact2d.vec: "nearest-exact",
+    aten._upsample_nearest_exact2d.default: "nearest-exact",
+    aten._upsample_nearest_exact1d.vec: "nearest-exact",
+    aten._upsample_nearest_exact1d.default: "nearest-exact",
+}
+
+
+@op(*_UPSAMPLE)
+def _upsample(n: torch.fx.Node, t: Translator) -> str:
+    """F.interpolate (nearest, nearest-exact, linear, bilinear) as ONNX Resize over the spatial
+    axes, with torch's source coordinates: ResizeGrad gives its gradient."""
+    mode = _UPSAMPLE[n.target]
+    x, size, rest = n.args[0], n.args[1], list(n.args[2:])
+    spatial = rank(x) - 2
+    align = bool(rest.pop(0)) if mode == "linear" else False
+    if n.target.name().endswith(".vec"):  # (output_size, [align_corners,] scale_factors)
+        scales = rest[0] if rest else None
+    else:  # (output_size, [align_corners,] scales per axis, each optional)
+        scales = rest[:spatial] if len(rest) >= spatial else None
+        if scales is not None and any(s is None for s in scales):
+            scales = None
+    attrs: dict[str, Any] = {"mode": "linear" if mode == "linear" else "nearest"}
+    attrs["axes"] = list(range(2, 2 + spatial))
+    if mode == "linear":
+        attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel"
+    elif mode == "nearest":  # floor(o * in / out), torch's nearest_idx
+        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    else:  # floor((o + 0.5) * in / out)
+        attrs.update(coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil")
+    if scales is None:
+        return t.emit("Resize", [t.value(x), "", "", t.shape_vector(size)], **attrs)
+    factors = np.array(scales, np.float32)
+    if mode != "linear" and any(float(f) != s for f, s in zip(factors, scales)):
+        t.unsupported(n, f"nearest interpolation by scale factors {scales} (not float32 values)")
+    for i, f, o in zip(val(x).shape[2:], factors, val(n).shape[2:]):
+        if isinstance(i, int) and isinstance(o, int) and math.floor(i * float(f)) != o:
+            t.unsupported(n, f"interpolation by scale factors {scales} to sizes {size}")
+    return t.emit("Resize", [t.value(x), "", t.const(factors)], **attrs)
+
+
 @op(aten.rms_norm.default)
 def _rms_norm(n: torch.fx.Node, t: Translator) -> str:
     x, shape = n.args[0], n.args[1]

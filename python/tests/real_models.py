@@ -144,12 +144,21 @@ def _classifier_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
     }
 
 
+def _segmentation_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    return {
+        "pixel_values": torch.randn(batch, 3, 32, 32, generator=gen),
+        "labels": torch.randint(0, 3, (batch, 32, 32), generator=gen),
+    }
+
+
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 # Architectures beyond the five above, each with what sets it apart: T5's learned relative position
 # bias and encoder-decoder cache, Mistral's sliding-window cache, BLOOM's ALiBi and custom GELU
 # Function, Falcon's multi-query attention, Swin's shifted windows with computed padding,
-# RoBERTa's cumsum position ids, ConvNeXt's depthwise convolutions and LayerNorm over channels.
+# RoBERTa's cumsum position ids, SegFormer's bilinear upsampling (decode head and loss), BEiT's
+# relative position bias resized bilinearly, ConvNeXt's depthwise convolutions and LayerNorm over
+# channels.
 MORE: dict[
     str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]
 ] = {
@@ -216,6 +225,39 @@ MORE: dict[
             )
         ),
         _classifier_inputs,
+    ),
+    "segformer": (  # semantic segmentation: bilinear upsampling in the decode head and the loss
+        lambda: tf.SegformerForSemanticSegmentation(
+            tf.SegformerConfig(
+                num_labels=3,
+                num_encoder_blocks=2,
+                depths=[1, 1],
+                sr_ratios=[2, 1],
+                hidden_sizes=[8, 16],
+                num_attention_heads=[1, 2],
+                decoder_hidden_size=16,
+                drop_path_rate=0.0,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+                classifier_dropout_prob=0.0,
+            )
+        ),
+        _segmentation_inputs,
+    ),
+    "beit": (  # relative position bias, resized bilinearly to the window
+        lambda: tf.BeitForImageClassification(
+            tf.BeitConfig(
+                image_size=32,
+                patch_size=8,
+                **_SMALL,
+                num_labels=3,
+                use_relative_position_bias=True,
+                drop_path_rate=0.0,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        ),
+        image_inputs(32),
     ),
     "convnext": (
         lambda: tf.ConvNextForImageClassification(

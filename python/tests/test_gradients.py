@@ -322,6 +322,70 @@ CASES = [
         {"axis": 1, "epsilon": 1e-6},
         opset=23,
     ),
+    # Resize as torch's interpolate: bilinear up and down, align_corners by scales, 1-D linear,
+    # nearest (a downsample: inputs skipped) and nearest-exact
+    *[
+        Case(
+            "Resize",
+            {"x": randn(*shape), "roi": None, "scales": scales, "sizes": sizes},
+            ["x"],
+            ref,
+            attrs,
+            const=("scales", "sizes"),
+            opset=19,
+        )
+        for shape, attrs, scales, sizes, ref in [
+            (
+                (2, 3, 5, 7),
+                dict(mode="linear", axes=[2, 3]),
+                None,
+                np.array([9, 13], np.int64),
+                lambda x, sizes: F.interpolate(x, size=(9, 13), mode="bilinear"),
+            ),
+            (
+                (1, 2, 9, 8),
+                dict(mode="linear", axes=[2, 3]),
+                None,
+                np.array([4, 3], np.int64),
+                lambda x, sizes: F.interpolate(x, size=(4, 3), mode="bilinear"),
+            ),
+            (
+                (2, 3, 5, 7),
+                dict(mode="linear", coordinate_transformation_mode="align_corners"),
+                np.array([1, 1, 2, 3], np.float32),
+                None,
+                lambda x, scales: F.interpolate(
+                    x, scale_factor=(2, 3), mode="bilinear", align_corners=True
+                ),
+            ),
+            (
+                (2, 3, 7),
+                dict(mode="linear", axes=[2]),
+                None,
+                np.array([12], np.int64),
+                lambda x, sizes: F.interpolate(x, size=12, mode="linear"),
+            ),
+            (
+                (2, 3, 7, 9),
+                dict(
+                    mode="nearest",
+                    coordinate_transformation_mode="asymmetric",
+                    nearest_mode="floor",
+                    axes=[2, 3],
+                ),
+                None,
+                np.array([4, 5], np.int64),
+                lambda x, sizes: F.interpolate(x, size=(4, 5), mode="nearest"),
+            ),
+            (
+                (2, 3, 7, 9),
+                dict(mode="nearest", nearest_mode="round_prefer_ceil", axes=[2, 3]),
+                None,
+                np.array([13, 11], np.int64),
+                lambda x, sizes: F.interpolate(x, size=(13, 11), mode="nearest-exact"),
+            ),
+        ]
+    ],
     Case(
         "ReduceSum",
         {"x": randn(3, 4, 5), "axes": np.array([1], np.int64)},

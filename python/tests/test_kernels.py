@@ -876,3 +876,99 @@ def test_onnx_rms_normalization_matches_onnxruntime(shape, axis):
     (ours,) = run_graphtrain(model, {"x": x, "w": w})
     (ref,) = run_ort(model, {"x": x, "w": w})
     close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+RESIZES = [  # (input shape, attributes, scales, sizes): torch's modes, then ONNX's others
+    ((2, 3, 5, 7), dict(mode="linear", axes=[2, 3]), None, [9, 13]),  # bilinear up
+    ((1, 2, 9, 8), dict(mode="linear", axes=[2, 3]), None, [4, 3]),  # down: coordinates < 0
+    ((1, 2, 5, 8), dict(mode="linear", axes=[2, 3]), None, [1, 1]),
+    ((1, 2, 5, 8), dict(mode="linear", axes=[2, 3]), [1.5, 0.75], None),
+    (
+        (2, 3, 5, 7),
+        dict(mode="linear", coordinate_transformation_mode="align_corners"),
+        [1, 1, 2, 3],
+        None,
+    ),
+    ((2, 3, 7), dict(mode="linear", axes=[2]), None, [12]),  # 1-D
+    (
+        (2, 3, 7, 9),
+        dict(
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+            axes=[2, 3],
+        ),
+        None,
+        [4, 5],
+    ),
+    (
+        (2, 3, 7, 9),
+        dict(mode="nearest", nearest_mode="round_prefer_ceil", axes=[2, 3]),
+        None,
+        [6, 11],
+    ),
+    ((1, 2, 9, 8), dict(mode="nearest"), [1, 1, 1.5, 0.5], None),  # round_prefer_floor
+    (
+        (1, 2, 5, 8),
+        dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="ceil"),
+        [1, 1, 2.5, 0.5],
+        None,
+    ),
+    (
+        (1, 2, 5, 8),
+        dict(mode="nearest", coordinate_transformation_mode="align_corners"),
+        None,
+        [1, 2, 9, 3],
+    ),
+    (
+        (1, 2, 9, 8),
+        dict(mode="linear", coordinate_transformation_mode="half_pixel_symmetric"),
+        [1, 1, 1.5, 0.7],
+        None,
+    ),
+    (
+        (1, 2, 5, 8),
+        dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel", axes=[2, 3]),
+        None,
+        [1, 3],
+    ),
+    (
+        (1, 2, 5, 8),
+        dict(mode="linear", coordinate_transformation_mode="asymmetric"),
+        [1, 1, 2, 2],
+        None,
+    ),
+    ((2, 3, 8, 6), dict(mode="linear", axes=[2, 3]), [1.1, 1.1], None),  # the same size: a copy
+    ((2, 3, 8, 6), dict(mode="linear", axes=[2, 3]), [1.1, 1.2], None),  # one axis the same
+]
+
+
+@pytest.mark.parametrize("shape, attrs, scales, sizes", RESIZES)
+def test_resize_matches_onnxruntime(shape, attrs, scales, sizes):
+    x = randn(*shape)
+    inputs = {
+        "x": x,
+        "roi": None,
+        "scales": None if scales is None else np.array(scales, np.float32),
+        "sizes": None if sizes is None else np.array(sizes, np.int64),
+    }
+    model = node_model("Resize", inputs, attrs, constant_inputs=("scales", "sizes"), opset=19)
+    (ours,) = run_graphtrain(model, {"x": x})
+    (ref,) = run_ort(model, {"x": x})
+    assert ours.shape == ref.shape
+    close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_resize_refuses_what_it_cannot_do_by_name():
+    x = randn(2, 3, 4, 4)
+    cases = [
+        (dict(mode="cubic"), [1, 1, 2, 2], "mode 'cubic' is not supported"),
+        (dict(mode="linear", antialias=1), [1, 1, 0.5, 0.5], "antialias=1"),
+        (dict(mode="linear"), [1, 2, 2, 2], "resizes axis 1 .3 -> 6.; graphtrain resizes only"),
+        (dict(mode="linear", axes=[2, 3]), [1, 2, 2], "scales must have 2 elements"),
+    ]
+    for attrs, scales, message in cases:
+        inputs = {"x": x, "roi": None, "scales": np.array(scales, np.float32)}
+        model = node_model("Resize", inputs, attrs, constant_inputs=("scales",), opset=19)
+        with pytest.raises(Exception, match=f"Resize.*{message}"):
+            run_graphtrain(model, {"x": x})

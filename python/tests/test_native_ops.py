@@ -728,3 +728,47 @@ def test_drop_path_draws_natively_per_sample_and_its_gradient_follows_the_mask()
     with torch.no_grad():  # a smaller batch: the masks' shape follows it
         a, b = gm(x[:10])
     assert a.shape == (10, 3, 8)
+
+
+class _Interpolations(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv1d = torch.nn.Conv1d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> list[torch.Tensor]:
+        h, s = self.conv(x), self.conv1d(z)
+        return [
+            F.interpolate(h, scale_factor=2, mode="bilinear"),
+            F.interpolate(h, size=(7, 9), mode="bilinear", align_corners=True),
+            F.interpolate(h, size=(5, 3), mode="bilinear"),  # down
+            F.interpolate(h, scale_factor=1.1, mode="bilinear"),  # the same size: a copy
+            F.interpolate(h, scale_factor=(1.5, 0.5), mode="nearest"),
+            F.interpolate(h, size=(11, 13), mode="nearest-exact"),
+            F.interpolate(s, size=17, mode="linear"),
+            F.interpolate(s, scale_factor=3, mode="nearest"),
+            F.interpolate(h, scale_factor=1.3, mode="nearest"),  # not a float32: ATen fallback
+            F.interpolate(h, size=(6, 7), mode="bicubic"),  # ATen fallback
+        ]
+
+
+def test_interpolate_runs_natively_with_torchs_coordinates():
+    """F.interpolate's nearest, nearest-exact, linear and bilinear (SegFormer's decode head,
+    BEiT's position bias) run as Resize and ResizeGrad: outputs and gradients as torch's, at two
+    batch sizes. Bicubic, and nearest by a scale factor float32 cannot hold, use the fallback."""
+    torch.manual_seed(0)
+    model = _Interpolations()
+    gm = GraphModule(copy.deepcopy(model))
+    for batch in (2, 3):
+        x, z = torch.randn(batch, 3, 8, 6), torch.randn(batch, 3, 10)
+        refs, outs = model(x, z), gm(x, z)
+        weights = [torch.randn_like(r) for r in refs]
+        sum(((r * w).sum() for r, w in zip(refs, weights)), torch.zeros(())).backward()
+        sum(((o * w).sum() for o, w in zip(outs, weights)), torch.zeros(())).backward()
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5, msg=lambda m, i=i: f"{i}: {m}")
+        for p, q in zip(gm.module.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+            p.grad = q.grad = None
+    fallback = graphtrain.explain(model, x, z).fallback_ops
+    assert sorted(fallback) == ["aten.upsample_bicubic2d.vec", "aten.upsample_nearest2d.vec"]
