@@ -827,6 +827,41 @@ def _layer_norm(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("LayerNormalization", inputs, axis=-len(shape), epsilon=float(eps))
 
 
+@op(aten.group_norm.default)
+def _group_norm(n: torch.fx.Node, t: Translator) -> str:
+    """GroupNorm (wav2vec2's feature extractor): LayerNormalization of each (sample, group) row
+    of x viewed as [N, groups, -1], then the per-channel affine."""
+    x, groups = n.args[0], int(n.args[1])
+    w, b = _arg(n, 2, "weight", None), _arg(n, 3, "bias", None)
+    eps = float(_arg(n, 4, "eps", 1e-5))
+    if rank(x) < 2 or not val(x).dtype.is_floating_point:
+        t.unsupported(n, "group_norm of a tensor that is not [N, C, ...] floats")
+    xv = t.value(x)
+    rows = t.emit("Reshape", [xv, t.ints([0, groups, -1])])
+    width = t.emit("Slice", [t.emit("Shape", [rows]), t.ints([2]), t.ints([3])])
+    ones = t.emit("ConstantOfShape", [width], value=t.tensor_attr(t.const(np.ones(1, np.float32))))
+    y = t.emit("LayerNormalization", [rows, ones], axis=-1, epsilon=eps)
+    y = t.emit("Reshape", [y, t.emit("Shape", [xv])])
+    per_channel = t.ints([-1] + [1] * (rank(x) - 2))
+    if w is not None:
+        y = t.emit("Mul", [y, t.emit("Reshape", [t.value(w), per_channel])])
+    if b is not None:
+        y = t.emit("Add", [y, t.emit("Reshape", [t.value(b), per_channel])])
+    return y
+
+
+@op(aten._weight_norm.default)
+def _weight_norm(n: torch.fx.Node, t: Translator) -> str:
+    """weight_norm's v * g / ||v||, the norm over every dim but `dim` (all of them for -1)."""
+    v, g = n.args[0], n.args[1]
+    dim = int(_arg(n, 2, "dim", 0))
+    r = rank(v)
+    axes = list(range(r)) if dim == -1 else [a for a in range(r) if a != dim % r]
+    vv = t.value(v)
+    squares = t.emit("ReduceSum", [t.emit("Mul", [vv, vv]), t.ints(axes)], keepdims=1)
+    return t.emit("Mul", [vv, t.emit("Div", [t.value(g), t.emit("Sqrt", [squares])])])
+
+
 # Regression losses: the elementwise formula and a reduction, which fuse_elementwise fuses; autodiff
 # differentiates them as torch does (sign(0) = 0 for L1, the quadratic branch below beta / delta).
 def _difference_loss(n: torch.fx.Node, t: Translator, pointwise: Callable[[str], str]) -> str:

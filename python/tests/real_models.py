@@ -144,6 +144,13 @@ def _classifier_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
     }
 
 
+def _audio_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
+    return {
+        "input_values": torch.randn(batch, 400, generator=gen),
+        "labels": torch.randint(0, 3, (batch,), generator=gen),
+    }
+
+
 def _segmentation_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
     return {
         "pixel_values": torch.randn(batch, 3, 32, 32, generator=gen),
@@ -157,8 +164,8 @@ _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interm
 # bias and encoder-decoder cache, Mistral's sliding-window cache, BLOOM's ALiBi and custom GELU
 # Function, Falcon's multi-query attention, Swin's shifted windows with computed padding,
 # RoBERTa's cumsum position ids, SegFormer's bilinear upsampling (decode head and loss), BEiT's
-# relative position bias resized bilinearly, ConvNeXt's depthwise convolutions and LayerNorm over
-# channels.
+# relative position bias resized bilinearly, wav2vec2's GroupNorm and weight norm, ConvNeXt's
+# depthwise convolutions and LayerNorm over channels.
 MORE: dict[
     str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]
 ] = {
@@ -258,6 +265,30 @@ MORE: dict[
             )
         ),
         image_inputs(32),
+    ),
+    "wav2vec2": (  # audio: GroupNorm over each channel, a weight-normed positional convolution
+        lambda: tf.Wav2Vec2ForSequenceClassification(
+            tf.Wav2Vec2Config(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                num_labels=3,
+                conv_dim=(16, 16),
+                conv_stride=(5, 2),
+                conv_kernel=(10, 3),
+                num_conv_pos_embeddings=8,
+                num_conv_pos_embedding_groups=4,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                activation_dropout=0.0,
+                feat_proj_dropout=0.0,
+                final_dropout=0.0,
+                layerdrop=0.0,
+                mask_time_prob=0.0,
+            )
+        ),
+        _audio_inputs,
     ),
     "convnext": (
         lambda: tf.ConvNextForImageClassification(

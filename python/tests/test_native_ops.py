@@ -772,3 +772,45 @@ def test_interpolate_runs_natively_with_torchs_coordinates():
             p.grad = q.grad = None
     fallback = graphtrain.explain(model, x, z).fallback_ops
     assert sorted(fallback) == ["aten.upsample_bicubic2d.vec", "aten.upsample_nearest2d.vec"]
+
+
+class _Norms(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups = torch.nn.GroupNorm(2, 4)
+        self.instance = torch.nn.GroupNorm(4, 4, affine=False)  # wav2vec2's: a group per channel
+        self.image = torch.nn.GroupNorm(3, 6)
+        pw = torch.nn.utils.parametrizations.weight_norm
+        self.conv = pw(torch.nn.Conv1d(4, 4, 3), dim=2)  # wav2vec2's positional convolution
+        self.linear = pw(torch.nn.Linear(4, 6))  # dim 0
+        self.whole = torch.nn.utils.weight_norm(torch.nn.Linear(6, 6), dim=None)  # the old API
+
+    def forward(self, x: torch.Tensor, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.conv(self.instance(self.groups(x)))
+        return self.whole(self.linear(h.relu().transpose(1, 2))), self.image(image)
+
+
+def test_group_norm_and_weight_norm_run_natively():
+    """GroupNorm (as LayerNormalization of [N, groups, -1] rows and a per-channel affine) and
+    weight norm (v * g / ||v|| over every dim but one, or all), both APIs: outputs and gradients
+    as torch's at two sequence lengths, and no ATen fallback."""
+    models = []
+    for _ in range(2):  # the old weight_norm API's module cannot be deep-copied
+        torch.manual_seed(0)
+        models.append(_Norms())
+    model, gm = models[0], GraphModule(models[1])
+    for batch, length in ((2, 12), (3, 15)):
+        x, image = torch.randn(batch, 4, length), torch.randn(batch, 6, 3, 5)
+        refs, outs = model(x, image), gm(x, image)
+        weights = [torch.randn_like(r) for r in refs]
+        sum(((r * w).sum() for r, w in zip(refs, weights)), torch.zeros(())).backward()
+        sum(((o * w).sum() for o, w in zip(outs, weights)), torch.zeros(())).backward()
+        for o, r in zip(outs, refs):
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+        scale = max(p.grad.abs().max().item() for p in model.parameters())
+        for (name, p), q in zip(gm.module.named_parameters(), model.parameters()):
+            torch.testing.assert_close(
+                p.grad, q.grad, rtol=1e-4, atol=1e-6 * scale, msg=lambda m, n=name: f"{n}: {m}"
+            )
+            p.grad = q.grad = None
+    assert graphtrain.explain(model, x, image).fallback_ops == []
