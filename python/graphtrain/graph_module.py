@@ -217,6 +217,13 @@ def _run(
     return [_from_capsule(c) for c in out]
 
 
+def _keep_graph() -> bool:
+    """Whether the backward running now was asked to keep the graph (retain_graph=True): torch's
+    engine knows, through a private accessor; without it, a PyTorch that lacks it frees."""
+    get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return bool(get()) if get is not None else False
+
+
 class _EngineFunction(torch.autograd.Function):
     """Connects the engine's forward and backward graphs to torch autograd."""
 
@@ -245,17 +252,22 @@ class _EngineFunction(torch.autograd.Function):
         runner: _Runner = ctx.runner
         if ctx.out_meta is None:  # an earlier backward released what this one would read
             raise RuntimeError(
-                "graphtrain: a second backward through the same GraphModule call "
-                "(retain_graph=True) is not supported: the values its forward stashed are freed "
-                "by the first backward. Run the forward again for each backward."
+                "graphtrain: a second backward through the same GraphModule call, after a "
+                "backward without retain_graph=True, which freed the values the forward stashed. "
+                "Pass retain_graph=True to every backward but the last, as in PyTorch."
             )
+        # retain_graph=True: this run takes a second handle on the stashed values (no copy), so
+        # that a later backward finds them; otherwise it frees each after its last reader.
+        retain = _keep_graph()
+        stash = ctx.stash.share() if retain and ctx.stash is not None else ctx.stash
         feeds = [
             runner.zero_gradient(*ctx.out_meta[k]) if grads[k] is None else grads[k].contiguous()
             for k in runner.float_outputs
-        ] + ([ctx.stash] if ctx.stash is not None else [])
+        ] + ([stash] if stash is not None else [])
         session = runner.backward_session(tuple(grads[k] is None for k in runner.float_outputs))
         results = iter(_run(session, feeds, run=ctx.run))
-        ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed
+        if not retain:
+            ctx.stash = ctx.run = ctx.out_meta = None  # the stashed values are no longer needed
         out: list[Any] = [None] * len(runner.captured.inputs)
         for index, name in zip(runner.wrt_index, runner.grad_names):
             if name:

@@ -545,11 +545,26 @@ def test_split_into_one_part():
     torch.testing.assert_close(gm.module.w.grad, x.reshape(-1))
 
 
-def test_a_second_backward_through_one_call_is_refused_by_name():
-    """The first backward frees the values the forward stashed; retain_graph=True cannot keep
-    them, so a second backward says so instead of failing inside the engine."""
-    gm = GraphModule(nn.Linear(4, 3))
-    loss = gm(torch.randn(2, 4)).relu().sum()
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="second backward through the same GraphModule call"):
+def test_backward_with_retain_graph_runs_again_through_one_call():
+    """retain_graph=True keeps what the forward stashed (LayerNorm's statistics, GELU's
+    derivative, the activations GEMMs read), so several backwards through one call (two losses,
+    autograd.grad then backward) accumulate eager's gradients; the last one, without it, frees
+    them, and a backward after it is refused by name instead of failing inside the engine."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3))
+    gm = GraphModule(copy.deepcopy(model))
+    x = torch.randn(5, 6)
+    grads = []
+    for net in (model, gm):
+        params = list(net.parameters())
+        y = net(x)
+        (first,) = torch.autograd.grad(y.pow(2).sum(), params[0], retain_graph=True)
+        y.sum().backward(retain_graph=True)
+        (y * y.detach()).mean().backward()
+        grads.append([first] + [p.grad for p in params])
+    for ours, ref in zip(*grads):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    loss = gm(x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="after a backward without retain_graph=True"):
         loss.backward()

@@ -376,6 +376,11 @@ void bind_engine(nb::module_& m) {
   nb::class_<Stash>(m, "Stash",
                     "Engine tensors kept in C++ between runs (Session.run_dlpack's `keep`).")
       .def("__len__", [](const Stash& s) { return s.tensors.size(); })
+      .def(
+          "share", [](const Stash& s) { return Stash{s.tensors}; },
+          "A second Stash of the same tensors (no copy of their data): a run it feeds takes "
+          "these, and this one still holds them for a later run (a backward with "
+          "retain_graph=True).")
       .def_prop_ro(
           "nbytes",
           [](const Stash& s) {
