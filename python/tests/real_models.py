@@ -164,8 +164,8 @@ _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interm
 # bias and encoder-decoder cache, Mistral's sliding-window cache, BLOOM's ALiBi and custom GELU
 # Function, Falcon's multi-query attention, Swin's shifted windows with computed padding,
 # RoBERTa's cumsum position ids, SegFormer's bilinear upsampling (decode head and loss), BEiT's
-# relative position bias resized bilinearly, wav2vec2's GroupNorm and weight norm, ConvNeXt's
-# depthwise convolutions and LayerNorm over channels.
+# relative position bias resized bilinearly, wav2vec2's GroupNorm and weight norm, MobileViT's
+# attention over unfolded patches, ConvNeXt's depthwise convolutions and LayerNorm over channels.
 MORE: dict[
     str, tuple[Callable[[], torch.nn.Module], Callable[[int, torch.Generator], dict[str, Any]]]
 ] = {
@@ -289,6 +289,20 @@ MORE: dict[
             )
         ),
         _audio_inputs,
+    ),
+    "mobilevit": (  # convolutions around transformer blocks over unfolded patches
+        lambda: tf.MobileViTForImageClassification(
+            tf.MobileViTConfig(
+                image_size=32,
+                num_labels=3,
+                hidden_sizes=[16, 24, 32],
+                neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+                classifier_dropout_prob=0.0,
+            )
+        ),
+        image_inputs(32),
     ),
     "convnext": (
         lambda: tf.ConvNextForImageClassification(
