@@ -56,7 +56,7 @@ op(aten.sub_.Tensor)(_binary("Sub"))
 op(aten.mul_.Tensor)(_binary("Mul"))
 
 
-@op(aten.div.Tensor, aten.div.Scalar)
+@op(aten.div.Tensor, aten.div.Scalar, aten.div_.Tensor, aten.div_.Scalar)
 def _div(n: torch.fx.Node, t: Translator) -> str:
     if n.kwargs.get("rounding_mode") is not None:
         t.unsupported(n, "division with a rounding mode")
@@ -301,6 +301,28 @@ def _linear(n: torch.fx.Node, t: Translator) -> str:
 @op(aten.matmul.default, aten.bmm.default, aten.mm.default)
 def _matmul(n: torch.fx.Node, t: Translator) -> str:
     return t.emit("MatMul", [t.value(n.args[0]), t.value(n.args[1])])
+
+
+@op("transformers.grouped_mm_fallback.default", aten._grouped_mm.default)
+def _grouped_mm(n: torch.fx.Node, t: Translator) -> str:
+    """A mixture of experts' grouped product (transformers' MoE layers, torch._grouped_mm): X's
+    rows, sorted by expert, times their expert's W[e] [K, N] up to offs[e]. A transposed view of
+    W [E, N, K] (a Linear-style weight) is read in place (transB)."""
+    x, w = n.args[0], n.args[1]
+    offs = n.args[2] if len(n.args) > 2 else n.kwargs.get("offs")
+    if (
+        offs is None
+        or rank(x) != 2
+        or rank(w) != 3
+        or len(n.args) > 3
+        or any(v is not None for k, v in n.kwargs.items() if k != "offs")
+        or val(x).dtype != torch.float32
+    ):
+        t.unsupported(n, "a grouped matmul other than float32 X [S, K] by W [E, K, N] with offs")
+    trans = 0
+    if w.target == aten.transpose.int and sorted(a % 3 for a in w.args[1:3]) == [1, 2]:
+        w, trans = w.args[0], 1
+    return t.emit("GroupedMatMul", [t.value(x), t.value(w), t.value(offs)], domain=GT, transB=trans)
 
 
 @op(aten.addmm.default)
@@ -1333,6 +1355,117 @@ def _max_dim(n: torch.fx.Node, t: Translator) -> list[str]:
     if _arg(n, 2, "keepdim", False):
         return [values, index]
     return [t.emit("Squeeze", [values, t.ints([d])]), t.emit("Squeeze", [index, t.ints([d])])]
+
+
+@op(aten.topk.default, aten.sort.default, aten.sort.stable)
+def _top_k(n: torch.fx.Node, t: Translator) -> list[str]:
+    """topk and sort as TopK (equal values in index order: a stable sort, as torch's on CPU);
+    the values' gradient goes back to where they came from."""
+    x = n.args[0]
+    if n.target == aten.topk.default:
+        k, d = n.args[1], _arg(n, 2, "dim", -1)
+        largest = bool(_arg(n, 3, "largest", True))
+    else:  # sort(x, dim, descending) / sort.stable(x, *, stable, dim, descending)
+        args = n.args[1:] if n.target == aten.sort.default else []
+        d = args[0] if args else n.kwargs.get("dim", -1)
+        largest = bool(args[1] if len(args) > 1 else n.kwargs.get("descending", False))
+        k = val(x).shape[axis(d, rank(x))]
+    d = axis(d, rank(x))
+    if isinstance(k, int):
+        kv = t.ints([k])
+    elif n.target == aten.topk.default:
+        kv = t.emit("Unsqueeze", [t.scalar_int(k), t.ints([0])])
+    else:
+        kv = t.emit("Shape", [t.value(x)], start=d, end=d + 1)
+    return t.emit("TopK", [t.value(x), kv], n_out=2, axis=d, largest=int(largest), sorted=1)
+
+
+@op(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(n: torch.fx.Node, t: Translator) -> str:
+    """a // b, rounded down: (a - a mod b) / b for integers (ONNX's Mod takes the divisor's
+    sign, as Python's %), Floor(a / b) for floats."""
+    a, b = t.promoted(n.args[0], n.args[1], val(n).dtype)
+    if val(n).dtype.is_floating_point:
+        return t.emit("Floor", [t.emit("Div", [a, b])])
+    return t.emit("Div", [t.emit("Sub", [a, t.emit("Mod", [a, b])]), b])
+
+
+@op(aten.histc.default)
+def _histc(n: torch.fx.Node, t: Translator) -> str:
+    """histc(x, bins, min, max) with a given range (a mixture of experts' tokens per expert):
+    each value's bin (the last one holds max), counted by a one-hot sum; values outside the range
+    are left out."""
+    x = n.args[0]
+    bins, lo, hi = int(_arg(n, 1, "bins", 100)), float(_arg(n, 2, "min", 0)), _arg(n, 3, "max", 0)
+    hi = float(hi)
+    if not hi > lo or not val(x).dtype.is_floating_point:
+        t.unsupported(n, "histc over the data's own range (min == max) or of integers")
+    xv = t.value(x)
+    pos = t.emit(
+        "Div",
+        [
+            t.emit("Mul", [t.emit("Sub", [xv, t.scalar(lo, x)]), t.scalar(bins, x)]),
+            t.scalar(hi - lo, x),
+        ],
+    )
+    index = t.emit(
+        "Min",
+        [
+            t.emit("Cast", [t.emit("Floor", [pos])], to=t.onnx_dtype(torch.int64)),
+            t.ints([bins - 1]),
+        ],
+    )
+    inside = t.emit(
+        "And",
+        [
+            t.emit("GreaterOrEqual", [xv, t.scalar(lo, x)]),
+            t.emit("LessOrEqual", [xv, t.scalar(hi, x)]),
+        ],
+    )
+    index = t.emit("Where", [inside, index, t.ints([-1])])  # outside: no bin matches
+    flat = t.emit("Reshape", [index, t.ints([-1, 1])])
+    hits = t.emit(
+        "Equal",
+        [
+            flat,
+            t.emit(
+                "Range",
+                [
+                    t.scalar_of(0, torch.int64),
+                    t.scalar_of(bins, torch.int64),
+                    t.scalar_of(1, torch.int64),
+                ],
+            ),
+        ],
+    )
+    counts = t.emit(
+        "ReduceSum",
+        [t.emit("Cast", [hits], to=t.onnx_dtype(val(n).dtype)), t.ints([0])],
+        keepdims=0,
+    )
+    return t.emit("StopGradient", [counts], domain=GT)
+
+
+@op(aten.index_put.default, aten.index_put_.default)
+def _index_put(n: torch.fx.Node, t: Translator) -> str:
+    """x[idx] = v along the first dim (accumulate: +=) as ScatterND; v broadcast to the rows it
+    fills."""
+    x, indices, values = n.args[0], n.args[1], n.args[2]
+    accumulate = bool(_arg(n, 3, "accumulate", False))
+    if len(indices) != 1 or indices[0] is None or val(indices[0]).dtype != torch.int64:
+        t.unsupported(n, "index_put other than with one int64 index tensor on the first dim")
+    idx = t.value(indices[0])
+    rows = t.emit(
+        "Concat", [t.emit("Shape", [idx]), t.emit("Shape", [t.value(x)], start=1)], axis=0
+    )
+    v = t.value(values)
+    if val(values).dtype != val(x).dtype:
+        v = t.emit("Cast", [v], to=t.onnx_dtype(val(x).dtype))
+    return t.emit(
+        "ScatterND",
+        [t.value(x), t.emit("Unsqueeze", [idx, t.ints([-1])]), t.emit("Expand", [v, rows])],
+        reduction="add" if accumulate else "none",
+    )
 
 
 @op(aten.argmax.default, aten.argmin.default)

@@ -337,7 +337,7 @@ _REGIONS: dict[Any, Callable] = {
 def _translate_node(t: Translator, node: torch.fx.Node, fallback: bool) -> Any:
     """The IR value(s) of one FX node: its native translation, else (with `fallback`, for ATen ops)
     an ATenOp node that runs PyTorch's kernel."""
-    fn = TRANSLATORS.get(node.target)
+    fn = TRANSLATORS.get(node.target) or TRANSLATORS.get(str(node.target))  # an op or its name
     can_fall_back = fallback and _fallback.applies(node)
     why = "this operation"
     if fn is not None:

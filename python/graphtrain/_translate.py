@@ -16,7 +16,9 @@ TRANSLATORS: dict[Any, Callable[[torch.fx.Node, Translator], Any]] = {}
 
 
 def register_translator(target: Any, fn: Callable[[torch.fx.Node, Translator], Any]) -> None:
-    """Translates FX nodes calling `target` with `fn(node, translator) -> IR value name(s)`."""
+    """Translates FX nodes calling `target` with `fn(node, translator) -> IR value name(s)`.
+    `target` is an op, or the qualified name of one that a library registers when it is imported
+    ("transformers.grouped_mm_fallback.default"), so graphtrain need not import that library."""
     TRANSLATORS[target] = fn
 
 

@@ -71,8 +71,10 @@ def run_graphtrain(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list
         return [np.asarray(o) for o in sess.run(feeds)]
 
 
-def run_node(op, inputs, attrs=None, n_outputs=1, out_types=None, constant_inputs=(), opset=18):
-    model = node_model(op, inputs, attrs, n_outputs, out_types, constant_inputs, opset)
+def run_node(
+    op, inputs, attrs=None, n_outputs=1, out_types=None, constant_inputs=(), opset=18, domain=""
+):
+    model = node_model(op, inputs, attrs, n_outputs, out_types, constant_inputs, opset, domain)
     feeds = {
         k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in constant_inputs
     }

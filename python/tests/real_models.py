@@ -161,9 +161,9 @@ def _segmentation_inputs(batch: int, gen: torch.Generator) -> dict[str, Any]:
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 # Architectures beyond the five above, each with what sets it apart: T5's learned relative position
-# bias and encoder-decoder cache, Mistral's sliding-window cache, BLOOM's ALiBi and custom GELU
-# Function, Falcon's multi-query attention, Swin's shifted windows with computed padding,
-# RoBERTa's cumsum position ids, SegFormer's bilinear upsampling (decode head and loss), BEiT's
+# bias and encoder-decoder cache, Mistral's sliding-window cache, Mixtral's routed experts, BLOOM's
+# ALiBi and custom GELU Function, Falcon's multi-query attention, Swin's shifted windows with
+# computed padding, RoBERTa's cumsum position ids, SegFormer's bilinear upsampling (decode head and loss), BEiT's
 # relative position bias resized bilinearly, wav2vec2's GroupNorm and weight norm, MobileViT's
 # attention over unfolded patches, ConvNeXt's depthwise convolutions and LayerNorm over channels.
 MORE: dict[
@@ -193,6 +193,18 @@ MORE: dict[
     "bloom": (
         lambda: tf.BloomForCausalLM(
             tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+        ),
+        llama_inputs,
+    ),
+    "mixtral": (  # a mixture of experts: top-2 routing, tokens sorted, grouped expert GEMMs
+        lambda: tf.MixtralForCausalLM(
+            tf.MixtralConfig(
+                vocab_size=VOCAB,
+                **_SMALL,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+            )
         ),
         llama_inputs,
     ),

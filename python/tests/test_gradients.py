@@ -322,6 +322,61 @@ CASES = [
         {"axis": 1, "epsilon": 1e-6},
         opset=23,
     ),
+    # A mixture of experts' grouped product: an expert with no rows, rows past the last offset
+    *[
+        Case(
+            "GroupedMatMul",
+            {"x": randn(9, 5), "w": randn(3, *wshape), "offs": np.array([2, 2, 7], np.int64)},
+            ["x", "w"],
+            lambda x, w, offs, t=t: torch.cat(
+                [x[:2] @ (w[0].T if t else w[0]), x[2:7] @ (w[2].T if t else w[2]), 0 * x[7:, :3]]
+            ),
+            {"transB": t},
+            const=("offs",),
+            domain="graphtrain",
+        )
+        for t, wshape in [(0, (5, 3)), (1, (3, 5))]
+    ],
+    # TopK (torch.topk, torch.sort): the values' gradient where they came from
+    Case(
+        "TopK",
+        {"x": randn(4, 7), "k": np.array([3], np.int64)},
+        ["x"],
+        lambda x, k: torch.topk(x, 3, dim=-1).values,
+        n_out=2,
+        out_types=[TensorProto.FLOAT, TensorProto.INT64],
+        const=("k",),
+        smooth=False,
+    ),
+    Case(
+        "TopK",
+        {"x": randn(5, 3, 2), "k": np.array([5], np.int64)},
+        ["x"],
+        lambda x, k: torch.sort(x, dim=0).values,
+        {"axis": 0, "largest": 0},
+        n_out=2,
+        out_types=[TensorProto.FLOAT, TensorProto.INT64],
+        const=("k",),
+        smooth=False,
+    ),
+    # ScatterND (index_put): data's gradient where nothing landed, the updates' at their rows
+    *[
+        Case(
+            "ScatterND",
+            {
+                "data": randn(6, 4),
+                "indices": np.array([[4], [1], [3]], np.int64),
+                "updates": randn(3, 4),
+            },
+            ["data", "updates"],
+            lambda data, indices, updates, r=r: data.index_put(
+                (indices[:, 0],), updates, accumulate=r == "add"
+            ),
+            {"reduction": r},
+            const=("indices",),
+        )
+        for r in ["none", "add"]
+    ],
     # Resize as torch's interpolate: bilinear up and down, align_corners by scales, 1-D linear,
     # nearest (a downsample: inputs skipped) and nearest-exact
     *[

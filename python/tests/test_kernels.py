@@ -972,3 +972,68 @@ def test_resize_refuses_what_it_cannot_do_by_name():
         model = node_model("Resize", inputs, attrs, constant_inputs=("scales",), opset=19)
         with pytest.raises(Exception, match=f"Resize.*{message}"):
             run_graphtrain(model, {"x": x})
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("ends", [[3, 3, 9, 11], [0, 5, 12, 12], [4, 4, 4, 4]])
+def test_grouped_matmul_multiplies_each_experts_rows(trans_b, ends):
+    # Rows past the last offset (a mixture of experts' dropped tokens) come out zero; an expert
+    # with no rows is skipped.
+    x, w = randn(12, 5), randn(4, 7, 5) if trans_b else randn(4, 5, 7)
+    offs = np.array(ends, np.int32)
+    (y,) = run_node(
+        "GroupedMatMul", {"x": x, "w": w, "offs": offs}, {"transB": trans_b}, domain="graphtrain"
+    )
+    ref = np.zeros((12, 7), np.float32)
+    start = 0
+    for e, end in enumerate(ends):
+        ref[start:end] = x[start:end] @ (w[e].T if trans_b else w[e])
+        start = end
+    close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_matmul_refuses_bad_offsets_by_name():
+    x, w = randn(6, 5), randn(2, 5, 3)
+    for ends, message in [([4, 2], "expert 1 ends at 2 after 4"), ([3, 7], "at most the 6 rows")]:
+        with pytest.raises(Exception, match=f"GroupedMatMul.*{message}"):
+            run_node(
+                "GroupedMatMul",
+                {"x": x, "w": w, "o": np.array(ends, np.int64)},
+                domain="graphtrain",
+            )
+
+
+@pytest.mark.parametrize(
+    "x, k, attrs",
+    [
+        (np.array([[3, 1, 3, 2, 1, 3]], np.float32), 4, {}),  # ties in index order
+        (np.array([[3, 1, 3, 2, 1, 3]], np.float32), 3, {"largest": 0}),
+        (rng.integers(0, 4, (5, 9)).astype(np.int64), 9, {"largest": 0}),  # a stable sort
+        (randn(3, 6, 4), 2, {"axis": 1}),
+    ],
+)
+def test_top_k_matches_onnxruntime(x, k, attrs):
+    inputs = {"x": x, "k": np.array([k], np.int64)}
+    types = [TensorProto.FLOAT if x.dtype == np.float32 else TensorProto.INT64, TensorProto.INT64]
+    model = node_model("TopK", inputs, attrs, 2, types, constant_inputs=("k",))
+    ours = run_graphtrain(model, {"x": x})
+    ref = run_ort(model, {"x": x})
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd_matches_onnxruntime(reduction):
+    data = randn(6, 3, 2)
+    indices = np.array([[4], [0], [2], [0]], np.int64)  # a repeat: added (add) or the later one
+    updates = randn(4, 3, 2)
+    if reduction == "none":
+        indices, updates = indices[:3], updates[:3]  # onnxruntime leaves repeats undefined
+    inputs = {"data": data, "indices": indices, "updates": updates}
+    model = node_model("ScatterND", inputs, {"reduction": reduction}, opset=18)
+    (ours,) = run_graphtrain(model, inputs)
+    (ref,) = run_ort(model, inputs)
+    close(ours, ref)
+    deep = {"data": data, "indices": np.array([[1, 2], [5, 0]], np.int64), "updates": randn(2, 2)}
+    model = node_model("ScatterND", deep, {"reduction": reduction}, opset=18)
+    close(run_graphtrain(model, deep)[0], run_ort(model, deep)[0])

@@ -67,6 +67,27 @@ def _and(x: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, x, x * 0.1)
 
 
+def _routing(x: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts' routing (transformers' grouped experts): top-2 of 6 experts per row,
+    tokens sorted by expert, tokens per expert by histc, the inverse permutation by index_put_."""
+    top = torch.topk(x, 2, dim=1)
+    weights = top.values.softmax(-1) * 1.0
+    weights /= weights.sum(-1, keepdim=True)
+    ids, perm = torch.sort(top.indices.reshape(-1))
+    rows = x[perm // 2]
+    counts = torch.histc(ids.float(), bins=6, min=0, max=5)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel())
+    back = (rows * counts[ids][:, None])[inverse].reshape(-1, 2, 6)
+    return (back * weights[..., None]).sum(1)
+
+
+def _index_put(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    y = x * 1.0
+    y[torch.tensor([2, 0])] = x[1:3] * 3  # distinct rows: set
+    return y.index_put((rows,), x[:3] * x[:3], accumulate=True)  # repeated rows: added
+
+
 CASES = {
     "cos_sin": (lambda x: torch.cos(x) * torch.sin(2 * x), ()),
     "cumsum": (lambda x: torch.cumsum(x, 1) + torch.cumsum((x > 0).long(), 0), ()),
@@ -277,6 +298,20 @@ CASES = {
             .sum(-1, keepdim=True)  # free labels before the contracted one: a linear layer
             + torch.einsum("jk,bk->bj", torch.arange(36.0).reshape(6, 6) * 0.01, x)
         ),
+        (),
+    ),
+    "topk_sort": (
+        lambda x: (
+            torch.topk(x, 3, dim=1).values * torch.topk(x, 2, dim=1, largest=False).indices.sum()
+            + torch.sort(x, dim=1, descending=True).values[:, 1:4]
+            + torch.sort(x, dim=0).values[:1, :3] * torch.sort(x, dim=1).indices[:, :3]
+        ),
+        (),
+    ),
+    "moe_routing": (_routing, ()),
+    "index_put": (_index_put, ("rows",)),
+    "floor_divide": (
+        lambda x: x * (torch.arange(-7, 5)[: x.shape[0]] // 3)[:, None] + x * (x.detach() // 0.75),
         (),
     ),
     "broadcast_tensors": (

@@ -1,4 +1,5 @@
-// Gradient rules: MatMul, FusedMatMul and Gemm (transposed operands become FusedMatMul).
+// Gradient rules: MatMul, FusedMatMul and Gemm (transposed operands become FusedMatMul), and
+// GroupedMatMul.
 #include "graphtrain/autodiff.h"
 #include "graphtrain/ops.h"
 
@@ -101,6 +102,13 @@ void gemm(Ctx& c) {
 }
 
 const bool registered = [] {
+  register_gradient(GT, "GroupedMatMul", [](Ctx& c) {
+    std::vector<Value*> grads = c.op_n(
+        "GroupedMatMulGrad", {c.output_grad(0), c.input(0), c.input(1), c.input(2)}, 2,
+        {{"transB", int_attr(c.node().attr_int("transB", 0))}}, GT, {c.wants(0), c.wants(1)});
+    if (c.wants(0)) c.set_grad(0, grads[0]);
+    if (c.wants(1)) c.set_grad(1, grads[1]);
+  });
   register_gradient("", "MatMul", matmul);
   register_gradient(GT, "FusedMatMul", fused_matmul);
   register_gradient("", "Gemm", gemm);

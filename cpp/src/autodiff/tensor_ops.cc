@@ -85,6 +85,28 @@ const bool registered = [] {
     c.set_grad(0, c.op("GatherElementsGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.input(1)},
                        {{"axis", int_attr(c.node().attr_int("axis", 0))}}, GT));
   });
+  // ScatterND: data's gradient where no update landed (all of it for reduction add); each
+  // update's, the output gradient at its index (indices with one coordinate: rows of dims 0).
+  register_gradient("", "ScatterND", [](Ctx& c) {
+    Value* g = c.output_grad(0);
+    bool add = c.node().attr_string("reduction", "none") == "add";
+    if (c.wants(0)) {
+      Tensor zero = Tensor::zeros(DType::kFloat32, {1});
+      Value* zeros =
+          c.op("ConstantOfShape", {c.shape_of(c.input(2))}, {{"value", Attribute::of(zero)}});
+      c.set_grad(0, add ? g : c.op("ScatterND", {g, c.input(1), zeros}));
+    }
+    if (c.wants(2)) {
+      const auto& s = c.input(1)->type.shape;
+      auto q = s && !s->empty() ? s->back().constant() : std::nullopt;
+      if (q != 1)
+        c.fail(
+            "the updates' gradient needs indices of one coordinate ([..., 1]): an index_put "
+            "along the first dim");
+      Value* rows = c.op("Squeeze", {c.input(1), c.constant_ints({-1})});
+      c.set_grad(2, c.op("Gather", {g, rows}, {{"axis", int_attr(0)}}));
+    }
+  });
   // Constant padding: the gradient is the output gradient cropped back (padded by -pads).
   register_gradient("", "Pad", [](Ctx& c) {
     if (c.node().attr_string("mode", "constant") != "constant")

@@ -1,4 +1,4 @@
-// Shape inference: MatMul, FusedMatMul and Gemm.
+// Shape inference: MatMul, FusedMatMul, Gemm and the grouped (mixture of experts) GroupedMatMul.
 #include <algorithm>
 
 #include "graphtrain/ops.h"
@@ -62,6 +62,21 @@ void gemm(InferenceContext& ctx) {
 }
 
 const bool registered = [] {
+  register_shape_inferer(GT, "GroupedMatMul", [](InferenceContext& ctx) {
+    const SymShape* x = ctx.input_shape(0);
+    const SymShape* w = ctx.input_shape(1);
+    if (x && x->size() != 2) ctx.fail(str_cat("X must have rank 2, got ", x->size()));
+    if (w && w->size() != 3) ctx.fail(str_cat("W must have rank 3, got ", w->size()));
+    bool tb = ctx.node().attr_int("transB", 0) != 0;
+    if (x && w) check_same(ctx, (*x)[1], (*w)[tb ? 2 : 1], "X's and W's inner dimensions");
+    std::optional<SymShape> out;
+    if (x && w) out = SymShape{(*x)[0], (*w)[tb ? 1 : 2]};
+    ctx.set_output(0, ctx.input_dtype(0), out);
+  });
+  register_shape_inferer(GT, "GroupedMatMulGrad", [](InferenceContext& ctx) {
+    infer_like_input(ctx, 0, 1);
+    infer_like_input(ctx, 1, 2);
+  });
   register_shape_inferer("", "MatMul", matmul);
   register_shape_inferer(kGraphtrainDomain, "FusedMatMul", matmul);
   register_shape_inferer("", "Gemm", gemm);

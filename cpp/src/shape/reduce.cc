@@ -1,4 +1,4 @@
-// Shape inference: reductions, ReduceGrad and SumToShape.
+// Shape inference: reductions, ReduceGrad, SumToShape, ArgMax / ArgMin, CumSum and TopK.
 #include <algorithm>
 
 #include "graphtrain/ops.h"
@@ -66,7 +66,23 @@ void arg_reduce(InferenceContext& ctx) {
   ctx.set_output(0, DType::kInt64, out);
 }
 
+// TopK: values and int64 indices, the axis cut to K (a constant, or a fresh dim).
+void top_k(InferenceContext& ctx) {
+  const SymShape* in = ctx.input_shape(0);
+  std::optional<SymShape> out;
+  if (in) {
+    out = *in;
+    size_t axis = static_cast<size_t>(
+        normalize_axis(ctx, ctx.node().attr_int("axis", -1), static_cast<int64_t>(in->size())));
+    const std::vector<SymDim>* k = ctx.input_values(1);
+    (*out)[axis] = k && k->size() == 1 ? (*k)[0] : SymDim::fresh("topk");
+  }
+  ctx.set_output(0, ctx.input_dtype(0), out);
+  ctx.set_output(1, DType::kInt64, out);
+}
+
 const bool registered = [] {
+  register_shape_inferer("", "TopK", top_k);
   register_shape_inferer("", "ArgMax", arg_reduce);
   register_shape_inferer("", "ArgMin", arg_reduce);
   register_shape_inferer("", "CumSum", [](InferenceContext& ctx) { infer_like_input(ctx); });

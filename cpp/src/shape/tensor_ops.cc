@@ -376,6 +376,7 @@ void expand(InferenceContext& ctx) {
 }
 
 const bool registered = [] {
+  register_shape_inferer("", "ScatterND", [](InferenceContext& ctx) { infer_like_input(ctx); });
   register_shape_inferer("", "Reshape", reshape);
   register_shape_inferer("", "Transpose", transpose);
   register_shape_inferer("", "Gather", gather);

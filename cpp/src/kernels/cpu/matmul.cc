@@ -477,7 +477,97 @@ void gemm(KernelContext& ctx) {
         gemm_beta, po, n);
 }
 
+// graphtrain::GroupedMatMul(X [S, K], W [E, K, N] (transB: [E, N, K]), offsets [E]) -> Y [S, N]:
+// a mixture of experts' grouped product. Rows offsets[e - 1] .. offsets[e] of X (the tokens routed
+// to expert e, sorted by expert) are multiplied by W[e]; rows past offsets[E - 1] are zero.
+
+// Each expert's end row, checked against X's rows.
+std::vector<int64_t> group_ends(const KernelContext& ctx, const Tensor& offsets, int64_t rows,
+                                int64_t experts) {
+  if (offsets.rank() != 1 || offsets.numel() != experts)
+    ctx.fail(str_cat("offsets must have one element per expert (", experts, "), got shape ",
+                     offsets.shape()));
+  std::vector<int64_t> ends(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t end =
+        offsets.dtype() == DType::kInt32 ? offsets.data<int32_t>()[e] : offsets.data<int64_t>()[e];
+    int64_t start = e ? ends[static_cast<size_t>(e - 1)] : 0;
+    if (end < start || end > rows)
+      ctx.fail(str_cat("offsets must rise from 0 to at most the ", rows, " rows of X; expert ", e,
+                       " ends at ", end, " after ", start));
+    ends[static_cast<size_t>(e)] = end;
+  }
+  return ends;
+}
+
+void grouped_matmul(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& w = ctx.input(1);
+  bool tb = ctx.node().attr_int("transB", 0) != 0;
+  if (x.rank() != 2 || w.rank() != 3) ctx.fail("X must have rank 2 and W rank 3");
+  int64_t s = x.dim(0), k = x.dim(1), experts = w.dim(0);
+  int64_t n = tb ? w.dim(1) : w.dim(2);
+  if ((tb ? w.dim(2) : w.dim(1)) != k)
+    ctx.fail(str_cat("X's rows of ", k, " do not match W of shape ", w.shape()));
+  std::vector<int64_t> ends = group_ends(ctx, ctx.input(2), s, experts);
+  Tensor& y = ctx.allocate_output(0, F32, {s, n});
+  float* py = y.data<float>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t end = ends[static_cast<size_t>(e)];
+    if (end > start)
+      sgemm(ctx, false, tb, end - start, n, k, 1.0f, x.data<float>() + start * k, k,
+            w.data<float>() + e * k * n, tb ? k : n, 0.0f, py + start * n, n);
+    start = end;
+  }
+  std::fill(py + start * n, py + s * n, 0.0f);
+}
+
+// GroupedMatMulGrad(dY, X, W, offsets) -> (dX, dW), each when requested.
+void grouped_matmul_grad(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& w = ctx.input(2);
+  bool tb = ctx.node().attr_int("transB", 0) != 0;
+  int64_t s = x.dim(0), k = x.dim(1), experts = w.dim(0), n = dy.dim(1);
+  std::vector<int64_t> ends = group_ends(ctx, ctx.input(3), s, experts);
+  const float* g = dy.data<float>();
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  if (ctx.output_requested(0)) {
+    float* dx = ctx.allocate_output(0, F32, x.shape()).data<float>();
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts; ++e) {  // dX = dY W[e]^T (transB: dY W[e])
+      int64_t end = ends[static_cast<size_t>(e)];
+      if (end > start)
+        sgemm(ctx, false, !tb, end - start, k, n, 1.0f, g + start * n, n, pw + e * k * n,
+              tb ? k : n, 0.0f, dx + start * k, k);
+      start = end;
+    }
+    std::fill(dx + start * k, dx + s * k, 0.0f);
+  }
+  if (ctx.output_requested(1)) {
+    float* dw = ctx.allocate_output(1, F32, w.shape()).data<float>();
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts; ++e) {  // dW[e] = X^T dY (transB: dY^T X) over its rows
+      int64_t end = ends[static_cast<size_t>(e)], rows = end - start;
+      float* out = dw + e * k * n;
+      if (rows == 0)
+        std::fill(out, out + k * n, 0.0f);
+      else if (tb)
+        sgemm(ctx, true, false, n, k, rows, 1.0f, g + start * n, n, px + start * k, k, 0.0f, out,
+              k);
+      else
+        sgemm(ctx, true, false, k, n, rows, 1.0f, px + start * k, k, g + start * n, n, 0.0f, out,
+              n);
+      start = end;
+    }
+  }
+}
+
 const bool registered = [] {
+  register_kernel(kGraphtrainDomain, "GroupedMatMul", {DType::kFloat32}, grouped_matmul);
+  register_kernel(kGraphtrainDomain, "GroupedMatMulGrad", {DType::kFloat32}, grouped_matmul_grad);
   register_kernel("", "MatMul", {DType::kFloat32}, matmul);
   register_kernel(kGraphtrainDomain, "FusedMatMul", {DType::kFloat32}, matmul);
   register_kernel("", "Gemm", {DType::kFloat32}, gemm);

@@ -1,5 +1,5 @@
 // CPU kernels: ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes; ReduceGrad and
-// SumToShape.
+// SumToShape; ArgMax, ArgMin, CumSum and TopK (torch's topk and sort).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -369,7 +369,66 @@ void cumsum(KernelContext& ctx) {
   }
 }
 
+// TopK(x, k) -> (values, indices) along `axis`: the k largest (smallest with largest=0) in order,
+// equal values by index (a stable order: torch's sort and topk on CPU), a NaN above every number.
+template <typename T>
+void top_k_typed(KernelContext& ctx, int64_t axis, int64_t k) {
+  const Tensor& x = ctx.input(0);
+  bool largest = ctx.node().attr_int("largest", 1) != 0;
+  int64_t n = x.dim(static_cast<size_t>(axis)), inner = 1;
+  for (size_t i = static_cast<size_t>(axis) + 1; i < x.rank(); ++i) inner *= x.dim(i);
+  int64_t outer = n * inner != 0 ? x.numel() / (n * inner) : 0;
+  Shape out_shape = x.shape();
+  out_shape[static_cast<size_t>(axis)] = k;
+  T* pv = ctx.allocate_output(0, x.dtype(), out_shape).data<T>();
+  int64_t* pi = ctx.allocate_output(1, DType::kInt64, out_shape).data<int64_t>();
+  const T* px = x.data<T>();
+  auto before = [&](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      bool na = std::isnan(a.first), nb = std::isnan(b.first);
+      if (na || nb) return na != nb ? (largest ? na : nb) : a.second < b.second;
+    }
+    if (a.first != b.first) return largest ? a.first > b.first : a.first < b.first;
+    return a.second < b.second;
+  };
+  parallel_for(ctx, outer * inner, n * 4, [&](int64_t lo, int64_t hi) {
+    std::vector<std::pair<T, int64_t>> line(static_cast<size_t>(n));
+    for (int64_t l = lo; l < hi; ++l) {
+      int64_t base = (l / inner) * n * inner + l % inner;
+      for (int64_t j = 0; j < n; ++j) line[static_cast<size_t>(j)] = {px[base + j * inner], j};
+      if (k == n)
+        std::sort(line.begin(), line.end(), before);
+      else
+        std::partial_sort(line.begin(), line.begin() + k, line.end(), before);
+      int64_t out = (l / inner) * k * inner + l % inner;
+      for (int64_t j = 0; j < k; ++j) {
+        pv[out + j * inner] = line[static_cast<size_t>(j)].first;
+        pi[out + j * inner] = line[static_cast<size_t>(j)].second;
+      }
+    }
+  });
+}
+
+void top_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  int64_t axis = axis_of(ctx, ctx.node().attr_int("axis", -1), static_cast<int64_t>(x.rank()));
+  std::vector<int64_t> kv = ctx.input(1).to_int64_vector();
+  if (kv.size() != 1) ctx.fail("K must hold one value");
+  int64_t n = x.dim(static_cast<size_t>(axis));
+  if (kv[0] < 0 || kv[0] > n)
+    ctx.fail(str_cat("K = ", kv[0], " is outside 0 .. ", n, ", the size of axis ", axis));
+  switch (x.dtype()) {
+    case DType::kFloat32:
+      return top_k_typed<float>(ctx, axis, kv[0]);
+    case DType::kInt64:
+      return top_k_typed<int64_t>(ctx, axis, kv[0]);
+    default:
+      return top_k_typed<int32_t>(ctx, axis, kv[0]);
+  }
+}
+
 const bool registered = [] {
+  register_kernel("", "TopK", {F32, DType::kInt64, DType::kInt32}, top_k);
   register_kernel("", "CumSum", {F32, DType::kInt64, DType::kInt32}, cumsum);
   const std::vector<DType> numbers = {F32, DType::kInt64, DType::kInt32};
   register_kernel("", "ReduceSum", numbers, reduce<Kind::kSum>);

@@ -609,7 +609,60 @@ void slice_grad(KernelContext& ctx) {
   });
 }
 
+// ScatterND(data, indices [..., q], updates) with reduction none or add: data, with the slice at
+// each index tuple (the first q dims) set to (or increased by) its slice of updates; torch's
+// index_put (x[idx] = v, x.index_put_(..., accumulate=True)). Later duplicates win (none).
+void scatter_nd(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  const Tensor& upd = ctx.input(2);
+  std::string reduction = ctx.node().attr_string("reduction", "none");
+  if (reduction != "none" && reduction != "add")
+    ctx.fail("reduction '" + reduction + "' is not supported (none and add are)");
+  bool add = reduction == "add";
+  if (add && data.dtype() != F32 && data.dtype() != DType::kInt64)
+    ctx.fail("reduction 'add' needs float32 or int64 data");
+  if (upd.dtype() != data.dtype()) ctx.fail("updates must have data's element type");
+  if (idx.rank() == 0) ctx.fail("indices must have rank 1 or more");
+  int64_t q = idx.dim(idx.rank() - 1), rank = static_cast<int64_t>(data.rank());
+  if (q < 1 || q > rank) ctx.fail(str_cat("indices' last dim ", q, " must be 1 .. ", rank));
+  Shape want(idx.shape().begin(), idx.shape().end() - 1);
+  want.insert(want.end(), data.shape().begin() + q, data.shape().end());
+  if (upd.shape() != want)
+    ctx.fail(str_cat("updates have shape ", upd.shape(), ", indices and data need ", want));
+  Tensor& out = ctx.allocate_output(0, data.dtype(), data.shape());
+  if (out.raw_data() != data.raw_data())
+    std::memcpy(out.raw_data(), data.raw_data(), data.nbytes());
+  int64_t slice = 1;
+  for (int64_t d = q; d < rank; ++d) slice *= data.dim(static_cast<size_t>(d));
+  std::vector<int64_t> tuples = idx.to_int64_vector();
+  size_t bytes = static_cast<size_t>(slice) * dtype_size(data.dtype());
+  char* po = static_cast<char*>(out.raw_data());
+  const char* pu = static_cast<const char*>(upd.raw_data());
+  for (int64_t t = 0; t * q < static_cast<int64_t>(tuples.size()); ++t) {  // in order: last wins
+    int64_t at = 0;
+    for (int64_t d = 0; d < q; ++d) {
+      int64_t n = data.dim(static_cast<size_t>(d)), i = tuples[static_cast<size_t>(t * q + d)];
+      if (i < -n || i >= n)
+        ctx.fail(str_cat("index ", i, " is out of range for dim ", d, " of size ", n));
+      at = at * n + (i < 0 ? i + n : i);
+    }
+    char* dst = po + at * static_cast<int64_t>(bytes);
+    const char* src = pu + t * static_cast<int64_t>(bytes);
+    if (!add) {
+      std::memcpy(dst, src, bytes);
+    } else if (data.dtype() == F32) {
+      for (int64_t j = 0; j < slice; ++j)
+        reinterpret_cast<float*>(dst)[j] += reinterpret_cast<const float*>(src)[j];
+    } else {
+      for (int64_t j = 0; j < slice; ++j)
+        reinterpret_cast<int64_t*>(dst)[j] += reinterpret_cast<const int64_t*>(src)[j];
+    }
+  }
+}
+
 const bool registered = [] {
+  register_kernel("", "ScatterND", {}, scatter_nd, 0, in_place({{0, 0}}));
   register_kernel("", "Reshape", {}, reshape);
   register_kernel("", "Flatten", {}, flatten);
   register_kernel("", "Unsqueeze", {}, unsqueeze);
