@@ -228,6 +228,68 @@ def _models() -> dict[str, tuple[Any, str]]:
             ),
             "image",
         ),
+        "beit": (  # relative position bias, drop path
+            lambda: tf.BeitForImageClassification(
+                tf.BeitConfig(
+                    image_size=64,
+                    patch_size=8,
+                    **HIDDEN,
+                    **NO_DROPOUT,
+                    num_labels=3,
+                    use_relative_position_bias=True,
+                )
+            ),
+            "image",
+        ),
+        "segformer": (  # semantic segmentation: bilinear upsampling, drop path
+            lambda: tf.SegformerForSemanticSegmentation(
+                tf.SegformerConfig(
+                    num_labels=3,
+                    hidden_sizes=[16, 32, 64, 128],
+                    decoder_hidden_size=64,
+                    hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0,
+                    classifier_dropout_prob=0.0,
+                )
+            ),
+            "segmentation",
+        ),
+        "wav2vec2": (
+            lambda: tf.Wav2Vec2ForSequenceClassification(
+                tf.Wav2Vec2Config(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=128,
+                    num_labels=3,
+                    conv_dim=(32, 32, 32),
+                    conv_stride=(5, 2, 2),
+                    conv_kernel=(10, 3, 3),
+                    num_conv_pos_embeddings=16,
+                    num_conv_pos_embedding_groups=4,
+                    hidden_dropout=0.0,
+                    attention_dropout=0.0,
+                    activation_dropout=0.0,
+                    feat_proj_dropout=0.0,
+                    final_dropout=0.0,
+                    layerdrop=0.0,
+                    mask_time_prob=0.0,
+                )
+            ),
+            "audio",
+        ),
+        "mixtral": (  # 4 experts, top 2
+            lambda: tf.MixtralForCausalLM(
+                tf.MixtralConfig(
+                    vocab_size=V,
+                    **HIDDEN,
+                    num_key_value_heads=2,
+                    num_local_experts=4,
+                    num_experts_per_tok=2,
+                )
+            ),
+            "lm",
+        ),
     }
 
 
@@ -250,6 +312,16 @@ def _inputs(kind: str, seed: int) -> dict[str, Any]:
         }
     if kind == "seq2seq":
         return {"input_ids": ids(), "labels": ids(32)}
+    if kind == "audio":  # 4000 samples: 199 frames after the feature extractor
+        return {
+            "input_values": torch.randn(B, 4000, generator=g),
+            "labels": torch.randint(0, 3, (B,), generator=g),
+        }
+    if kind == "segmentation":
+        return {
+            "pixel_values": torch.randn(B, 3, 64, 64, generator=g),
+            "labels": torch.randint(0, 3, (B, 64, 64), generator=g),
+        }
     return {
         "pixel_values": torch.randn(B, 3, 64, 64, generator=g),
         "labels": torch.randint(0, 3, (B,), generator=g),

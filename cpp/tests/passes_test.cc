@@ -1071,6 +1071,50 @@ TEST_F(PassesTest, RecognizeAttentionWrittenOutWithTheHeadsInPlace) {
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
+// A mask computed from constants that hides nothing (transformers' bidirectional mask under
+// torch.export: a comparison over a Range, expanded to the batch; or zeros added) is dropped; a
+// mask hiding something stays.
+TEST_F(PassesTest, RecognizeAttentionDropsMasksThatHideNothing) {
+  SymShape bhtd = {SymDim::symbol("b"), SymDim(2), SymDim(5), SymDim(4)};
+  Graph g = new_graph("open_masks");
+  Value* q = g.add_input("q", {DType::kFloat32, bhtd});
+  Value* k = g.add_input("k", {DType::kFloat32, bhtd});
+  Value* v = g.add_input("v", {DType::kFloat32, bhtd});
+  auto ints = [&](std::vector<int64_t> x) {
+    return g.add_initializer(g.unique_name("i"),
+                             Tensor::from_vector<int64_t>(DType::kInt64, {int64_t(x.size())}, x));
+  };
+  auto i64 = [&](int64_t x) {
+    return g.add_initializer(g.unique_name("s"),
+                             Tensor::from_vector<int64_t>(DType::kInt64, {}, {x}));
+  };
+  // [b, 1, 5, 5]: the batch from q's shape at run time, the rest constant.
+  Value* batch_shape = g.add_op(
+      "Concat", {g.add_op("Shape", {q}, {{"end", Attribute::of(int64_t{1})}}), ints({1, 5, 5})},
+      {{"axis", Attribute::of(int64_t{0})}});
+  Value* keys =
+      g.add_op("Reshape", {g.add_op("Range", {i64(0), i64(5), i64(1)}), ints({1, 1, 1, 5})});
+  Value* open_bool = g.add_op("Expand", {g.add_op("GreaterOrEqual", {keys, i64(0)}), batch_shape});
+  Value* hiding_bool =
+      g.add_op("Expand", {g.add_op("GreaterOrEqual", {keys, i64(1)}), batch_shape});
+  Tensor zero = Tensor::zeros(DType::kFloat32, {1});
+  Value* open_float =
+      g.add_op("ConstantOfShape", {ints({1, 1, 5, 5})}, {{"value", Attribute::of(zero)}});
+  Value* hiding_float = g.add_op(
+      "Where", {g.add_op("GreaterOrEqual", {keys, i64(3)}), scalar(g, 0.0f), scalar(g, -INFINITY)});
+  for (Value* mask : {open_bool, hiding_bool, open_float, hiding_float})
+    g.add_output(g.add_op("Attention", {q, k, v, mask}, {}, GT));
+  std::vector<Shape> shapes = {{3, 2, 5, 4}, {3, 2, 5, 4}, {3, 2, 5, 4}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_attention(g), 2u);
+  const std::vector<bool> kept = {false, true, false, true};
+  for (size_t i = 0; i < 4; ++i) {
+    Node* att = g.outputs()[i]->producer();
+    EXPECT_EQ(att->inputs().size() > 3 && att->input(3) != nullptr, kept[i]) << "attention " << i;
+  }
+  expect_near(run_all(std::move(g), shapes), before, 1e-5f);
+}
+
 // nanoGPT's spelling: softmax(masked_fill(q k^T * c, hide, -inf)) v, hide a bool causal mask
 // (true above the diagonal): Attention with the mask Not(hide). A fill other than -inf is no mask.
 TEST_F(PassesTest, RecognizeAttentionOfMaskedFillScores) {

@@ -374,3 +374,16 @@ def test_bloom_gelu_function_runs_natively(tmp_path):
     forward, backward = _trained_ops("bloom", tmp_path)
     assert "PythonOp" not in forward and "PythonOpGrad" not in backward
     assert forward.count("GeluTanh") == layers, forward  # in the bias + GELU loop
+
+
+def test_a_mask_that_hides_nothing_is_dropped(tmp_path):
+    """Without padding, transformers' bidirectional mask hides nothing, but under torch.export it
+    is materialized ([b, 1, t, t] bools from a comparison over a range). wav2vec2's Attention
+    takes no mask: its kernels read none and the backward gets none stashed (parity: above)."""
+    _trained_ops("wav2vec2", tmp_path)
+    for kind in ("forward", "backward"):
+        nodes = onnx.load(tmp_path / f"m_train_training_{kind}.onnx").graph.node
+        attention = [n for n in nodes if n.op_type.startswith("Attention")]
+        assert len(attention) == 2
+        mask_at = 3 if kind == "forward" else 6
+        assert all(len(n.input) <= mask_at or not n.input[mask_at] for n in attention)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,9 @@ size_t eliminate_identities(Graph& graph);
 // Nodes whose inputs are all small constants are computed now; their outputs become initializers.
 // Returns how many nodes were folded.
 size_t fold_constants(Graph& graph);
+// The value of `v` where it is computed from constants alone (each step at most `max_elements`,
+// no random or callback node), by running its producers' kernels now; the graph is not changed.
+std::optional<Tensor> evaluate_constant(const Value* v, int64_t max_elements = 1 << 16);
 
 // Transposes of a MatMul operand's last two dims become the GEMM's transA / transB
 // (graphtrain::FusedMatMul); returns how many were folded.

@@ -27,6 +27,10 @@
 //   Y and b (input 4) and adds b to what it reads: the forward does not write X, and autodiff
 //   gives b the gradient the Add would (dX summed over the rows).
 //
+// - An Attention whose mask, computed from constants (then perhaps expanded), lets every query see
+//   every key takes none: transformers' bidirectional mask without padding, which it materializes
+//   under torch.export.
+//
 // Matches only where the inner values (scores, probabilities) are read by nothing else and Q, K
 // and V have the same batch and head dims (MatMul would broadcast them; Attention does not).
 // One difference in results: a row whose every key is masked gives zeros (torch's
@@ -438,10 +442,39 @@ size_t fold_qkv_bias(Graph& graph) {
 
 }  // namespace
 
+// An Attention whose mask lets every query see every key (computed from constants, perhaps then
+// expanded to the batch: transformers' bidirectional mask, which torch.export makes materialize
+// even without padding) takes no mask: its kernels read no mask, and autodiff stashes none.
+size_t drop_attend_all_masks(Graph& graph) {
+  size_t dropped = 0;
+  for (Node* n : graph.topological_order()) {
+    if (n->qualified_op() != "graphtrain::Attention" || n->inputs().size() < 4 || !n->input(3))
+      continue;
+    const Value* mask = n->input(3);
+    while (mask->producer() && is_onnx_op(mask->producer(), "Expand"))
+      mask = mask->producer()->input(0);
+    std::optional<Tensor> t = evaluate_constant(mask);
+    if (!t) continue;
+    bool all = true;
+    if (t->dtype() == DType::kBool) {
+      for (int64_t i = 0; i < t->numel() && all; ++i) all = t->data<bool>()[i];
+    } else if (t->dtype() == DType::kFloat32) {
+      for (int64_t i = 0; i < t->numel() && all; ++i) all = t->data<float>()[i] == 0.0f;
+    } else {
+      all = false;
+    }
+    if (!all) continue;
+    graph.replace_input(n, 3, nullptr);
+    ++dropped;
+  }
+  return dropped;
+}
+
 size_t recognize_attention(Graph& graph) {
   infer_shapes(graph);
   size_t n = fuse_written_attention(graph);
   if (n) infer_shapes(graph);
+  n += drop_attend_all_masks(graph);
   n += fold_kv_repeats(graph);
   n += fold_head_transposes(graph);
   n += pack_qkv(graph);
