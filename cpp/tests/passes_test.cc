@@ -1072,11 +1072,11 @@ TEST_F(PassesTest, RecognizeAttentionWrittenOutWithTheHeadsInPlace) {
 }
 
 // A mask computed from constants that hides nothing (transformers' bidirectional mask under
-// torch.export: a comparison over a Range, expanded to the batch; or zeros added) is dropped; a
-// mask hiding something stays.
-TEST_F(PassesTest, RecognizeAttentionDropsMasksThatHideNothing) {
+// torch.export: a comparison over a Range, expanded to the batch; or zeros added) is dropped, and
+// one that hides exactly the keys after each query becomes causal=1; other masks stay.
+TEST_F(PassesTest, RecognizeAttentionDropsConstantOpenAndCausalMasks) {
   SymShape bhtd = {SymDim::symbol("b"), SymDim(2), SymDim(5), SymDim(4)};
-  Graph g = new_graph("open_masks");
+  Graph g = new_graph("constant_masks");
   Value* q = g.add_input("q", {DType::kFloat32, bhtd});
   Value* k = g.add_input("k", {DType::kFloat32, bhtd});
   Value* v = g.add_input("v", {DType::kFloat32, bhtd});
@@ -1092,31 +1092,40 @@ TEST_F(PassesTest, RecognizeAttentionDropsMasksThatHideNothing) {
   Value* batch_shape = g.add_op(
       "Concat", {g.add_op("Shape", {q}, {{"end", Attribute::of(int64_t{1})}}), ints({1, 5, 5})},
       {{"axis", Attribute::of(int64_t{0})}});
-  Value* keys =
-      g.add_op("Reshape", {g.add_op("Range", {i64(0), i64(5), i64(1)}), ints({1, 1, 1, 5})});
-  Value* open_bool = g.add_op("Expand", {g.add_op("GreaterOrEqual", {keys, i64(0)}), batch_shape});
-  Value* hiding_bool =
-      g.add_op("Expand", {g.add_op("GreaterOrEqual", {keys, i64(1)}), batch_shape});
+  Value* range = g.add_op("Range", {i64(0), i64(5), i64(1)});
+  Value* keys = g.add_op("Reshape", {range, ints({1, 1, 1, 5})});
+  Value* queries = g.add_op("Reshape", {range, ints({1, 1, 5, 1})});
+  auto expanded = [&](Value* m) { return g.add_op("Expand", {m, batch_shape}); };
+  auto additive = [&](Value* seen) {
+    return g.add_op("Where", {seen, scalar(g, 0.0f), scalar(g, -INFINITY)});
+  };
   Tensor zero = Tensor::zeros(DType::kFloat32, {1});
-  Value* open_float =
-      g.add_op("ConstantOfShape", {ints({1, 1, 5, 5})}, {{"value", Attribute::of(zero)}});
-  Value* hiding_float = g.add_op(
-      "Where", {g.add_op("GreaterOrEqual", {keys, i64(3)}), scalar(g, 0.0f), scalar(g, -INFINITY)});
-  for (Value* mask : {open_bool, hiding_bool, open_float, hiding_float})
-    g.add_output(g.add_op("Attention", {q, k, v, mask}, {}, GT));
+  Value* causal = g.add_op("LessOrEqual", {keys, queries});
+  std::vector<Value*> masks = {
+      expanded(g.add_op("GreaterOrEqual", {keys, i64(0)})),  // open
+      expanded(g.add_op("GreaterOrEqual", {keys, i64(1)})),  // hides key 0
+      g.add_op("ConstantOfShape", {ints({1, 1, 5, 5})}, {{"value", Attribute::of(zero)}}),  // open
+      additive(g.add_op("GreaterOrEqual", {keys, i64(3)})),  // hides keys 0 to 2
+      expanded(causal),                                      // causal
+      additive(causal),                                      // causal, added
+      expanded(g.add_op("Less", {keys, queries})),           // hides the diagonal too
+  };
+  for (Value* mask : masks) g.add_output(g.add_op("Attention", {q, k, v, mask}, {}, GT));
   std::vector<Shape> shapes = {{3, 2, 5, 4}, {3, 2, 5, 4}, {3, 2, 5, 4}};
   auto before = run_all(clone_graph(g), shapes);
-  EXPECT_EQ(recognize_attention(g), 2u);
-  const std::vector<bool> kept = {false, true, false, true};
-  for (size_t i = 0; i < 4; ++i) {
+  EXPECT_EQ(recognize_attention(g), 4u);
+  const std::vector<int> want = {0, -1, 0, -1, 1, 1, -1};  // -1 kept, 0 dropped, 1 causal
+  for (size_t i = 0; i < masks.size(); ++i) {
     Node* att = g.outputs()[i]->producer();
-    EXPECT_EQ(att->inputs().size() > 3 && att->input(3) != nullptr, kept[i]) << "attention " << i;
+    bool kept = att->inputs().size() > 3 && att->input(3) != nullptr;
+    EXPECT_EQ(kept ? -1 : static_cast<int>(att->attr_int("causal", 0)), want[i]) << "mask " << i;
   }
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
 
 // nanoGPT's spelling: softmax(masked_fill(q k^T * c, hide, -inf)) v, hide a bool causal mask
-// (true above the diagonal): Attention with the mask Not(hide). A fill other than -inf is no mask.
+// (true above the diagonal): Attention with the mask Not(hide), a constant causal mask, so then
+// causal=1 and no mask. A fill other than -inf is no mask.
 TEST_F(PassesTest, RecognizeAttentionOfMaskedFillScores) {
   SymShape bhtd = {SymDim::symbol("b"), SymDim(2), SymDim(5), SymDim(4)};
   Graph g = new_graph("masked_fill");
@@ -1140,13 +1149,13 @@ TEST_F(PassesTest, RecognizeAttentionOfMaskedFillScores) {
   g.add_output(product(-1e4f));
   std::vector<Shape> shapes = {{3, 2, 5, 4}, {3, 2, 5, 4}, {3, 2, 5, 4}};
   auto before = run_all(clone_graph(g), shapes);
-  EXPECT_EQ(recognize_attention(g), 1u);
+  EXPECT_EQ(recognize_attention(g), 2u);  // fused, then the mask made causal
   Node* att = g.outputs()[0]->producer();
   ASSERT_EQ(att->op_type, "Attention");
-  ASSERT_EQ(att->inputs().size(), 4u);
   EXPECT_EQ(att->input(0), q);
   EXPECT_EQ(att->input(1), k);
-  EXPECT_EQ(att->input(3)->producer()->op_type, "Not");
+  EXPECT_EQ(att->input(3), nullptr);
+  EXPECT_EQ(att->attr_int("causal", 0), 1);
   EXPECT_EQ(g.outputs()[1]->producer()->op_type, "MatMul");  // -1e4: left written out
   expect_near(run_all(std::move(g), shapes), before, 1e-5f);
 }
@@ -1533,6 +1542,43 @@ TEST_F(PassesTest, FuseLayerNormTakesTheResidualAddBeforeAnRmsNorm) {
     EXPECT_EQ(g.outputs()[2]->producer_output(), 2);
     expect_near(run_all(std::move(g), shapes), before, 1e-5f);
   }
+}
+
+// A Rotary of heads transposed out of [b, t, h, d] with Cos and Sin the same for every head rotates
+// [b, t, h, d] and is transposed after (Cos's unsqueeze(1) becomes unsqueeze(2), any other Cos a
+// Transpose); one with a Cos per head stays.
+TEST_F(PassesTest, RecognizeRotaryRotatesHeadsInPlace) {
+  Graph g = new_graph("rotary_heads");
+  Value* x = g.add_input(
+      "x", {DType::kFloat32, SymShape{SymDim::symbol("b"), SymDim(5), SymDim(2), SymDim(8)}});
+  Value* c = g.add_input("c", {DType::kFloat32, SymShape{SymDim(1), SymDim(5), SymDim(8)}});
+  Value* s =
+      g.add_input("s", {DType::kFloat32, SymShape{SymDim(1), SymDim(1), SymDim(5), SymDim(8)}});
+  Value* per_head =
+      g.add_input("ch", {DType::kFloat32, SymShape{SymDim(1), SymDim(2), SymDim(5), SymDim(8)}});
+  Value* one = g.add_initializer(
+      "one", Tensor::from_vector<int64_t>(DType::kInt64, {1}, std::vector<int64_t>{1}));
+  Value* cos = g.add_op("Unsqueeze", {c, one});
+  auto heads = [&](Value* v) {
+    return g.add_op("Transpose", {v}, {{"perm", Attribute::of(std::vector<int64_t>{0, 2, 1, 3})}});
+  };
+  g.add_output(g.add_op("Rotary", {heads(x), cos, s}, {}, GT));
+  g.add_output(g.add_op("Rotary", {heads(x), per_head, s}, {}, GT));
+  std::vector<Shape> shapes = {{3, 5, 2, 8}, {1, 5, 8}, {1, 1, 5, 8}, {1, 2, 5, 8}};
+  auto before = run_all(clone_graph(g), shapes);
+  EXPECT_EQ(recognize_rotary(g), 1u);
+  Node* back = g.outputs()[0]->producer();
+  ASSERT_EQ(back->op_type, "Transpose");
+  Node* rot = back->input(0)->producer();
+  ASSERT_EQ(rot->op_type, "Rotary");
+  EXPECT_EQ(rot->input(0), x);
+  EXPECT_EQ(rot->input(1)->producer()->op_type, "Unsqueeze");
+  EXPECT_EQ(rot->input(1)->producer()->input(0), c);
+  EXPECT_EQ(rot->input(2)->producer()->op_type, "Transpose");
+  Node* kept = g.outputs()[1]->producer();
+  EXPECT_EQ(kept->op_type, "Rotary");
+  EXPECT_EQ(kept->input(0)->producer()->op_type, "Transpose");
+  expect_near(run_all(std::move(g), shapes), before, 1e-6f);
 }
 
 // ---- recognize_silu_mul ------------------------------------------------------------------------

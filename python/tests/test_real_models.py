@@ -307,11 +307,23 @@ def test_rotary_embedding_runs_as_one_op(name, tmp_path):
     """The rotary embedding of the queries and keys (q * cos + rotate_half(q) * sin) becomes one
     Rotary each before autodiff (recognize_rotary), and its gradient one Rotary of the transposed
     rotation: no Slice, Neg and Concat forward, no SliceGrad backward. Grouped key/value heads
-    reach Attention unrepeated. Gradients match eager (tests above)."""
+    reach Attention unrepeated. The rotation runs on the projections' [b, t, h, d] and Attention
+    reads that layout (heads_inside): the heads are transposed only for the returned key/value
+    cache. The causal mask, materialized from constants, becomes Attention's causal=1. Gradients
+    match eager (tests above)."""
     layers = build(name).config.num_hidden_layers
     forward, backward = _trained_ops(name, tmp_path)
     assert forward.count("Rotary") == backward.count("Rotary") == 2 * layers
     assert "Neg" not in forward
+    nodes = onnx.load(tmp_path / "m_train_training_forward.onnx").graph.node
+    attention = [n for n in nodes if n.op_type == "Attention"]
+    assert len(attention) == layers
+    for n in attention:
+        attrs = {a.name: a.i for a in n.attribute if a.type == onnx.AttributeProto.INT}
+        assert attrs.get("heads_inside") == 1
+        if name == "llama":  # (Mistral's sliding window keeps its mask)
+            assert attrs.get("causal") == 1 and (len(n.input) < 4 or not n.input[3])
+    assert forward.count("Transpose") <= 2 * layers  # the cache's keys and values
     # the keys and values go to attention as their grouped heads, not repeat_kv's copies
     # (recognize_attention): no Expand of them forward, no ReduceSum of their gradients backward
     assert "ReduceSum" not in backward

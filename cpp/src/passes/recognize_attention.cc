@@ -28,7 +28,8 @@
 //   gives b the gradient the Add would (dX summed over the rows).
 //
 // - An Attention whose mask, computed from constants (then perhaps expanded), lets every query see
-//   every key takes none: transformers' bidirectional mask without padding, which it materializes
+//   every key takes none, and one that hides exactly the keys after each query takes none and
+//   causal=1: transformers' bidirectional and causal masks without padding, which it materializes
 //   under torch.export.
 //
 // Matches only where the inner values (scores, probabilities) are read by nothing else and Q, K
@@ -442,10 +443,39 @@ size_t fold_qkv_bias(Graph& graph) {
 
 }  // namespace
 
-// An Attention whose mask lets every query see every key (computed from constants, perhaps then
-// expanded to the batch: transformers' bidirectional mask, which torch.export makes materialize
-// even without padding) takes no mask: its kernels read no mask, and autodiff stashes none.
-size_t drop_attend_all_masks(Graph& graph) {
+// Which keys a mask computed from constants lets each query see: every key (a mask that hides
+// nothing), keys up to the query's own position (a causal mask, top-left aligned), or neither.
+enum class MaskKind { kOther, kOpen, kCausal };
+
+MaskKind constant_mask_kind(const Tensor& t) {
+  bool is_bool = t.dtype() == DType::kBool;
+  if (!is_bool && t.dtype() != DType::kFloat32) return MaskKind::kOther;
+  auto visible = [&](int64_t i, bool& hidden) {  // element i: seen, hidden, or neither
+    if (is_bool) {
+      hidden = !t.data<bool>()[i];
+      return !hidden;
+    }
+    float v = t.data<float>()[i];
+    hidden = v <= -1e30f;  // -inf, or torch's finfo(float32).min: exp() of it is 0
+    return v == 0.0f;
+  };
+  bool open = true, causal = t.rank() >= 2;
+  int64_t lq = causal ? t.dim(t.rank() - 2) : 0, lk = causal ? t.dim(t.rank() - 1) : 0;
+  causal = causal && lq == lk && lq * lk == t.numel();  // one [L, L] for every batch and head
+  for (int64_t i = 0; i < t.numel() && (open || causal); ++i) {
+    bool hidden = false, seen = visible(i, hidden);
+    if (!seen && !hidden) return MaskKind::kOther;
+    open &= seen;
+    if (causal) causal = seen == (i % lk <= i / lk);
+  }
+  return open ? MaskKind::kOpen : causal ? MaskKind::kCausal : MaskKind::kOther;
+}
+
+// An Attention whose mask is computed from constants (then perhaps expanded to the batch) and
+// hides nothing, or hides exactly the keys after each query, takes no mask (and causal=1): its
+// kernels read no mask and autodiff stashes none. transformers materializes both masks under
+// torch.export (its bidirectional mask even without padding; its causal mask without padding).
+size_t drop_constant_masks(Graph& graph) {
   size_t dropped = 0;
   for (Node* n : graph.topological_order()) {
     if (n->qualified_op() != "graphtrain::Attention" || n->inputs().size() < 4 || !n->input(3))
@@ -453,17 +483,21 @@ size_t drop_attend_all_masks(Graph& graph) {
     const Value* mask = n->input(3);
     while (mask->producer() && is_onnx_op(mask->producer(), "Expand"))
       mask = mask->producer()->input(0);
-    std::optional<Tensor> t = evaluate_constant(mask);
-    if (!t) continue;
-    bool all = true;
-    if (t->dtype() == DType::kBool) {
-      for (int64_t i = 0; i < t->numel() && all; ++i) all = t->data<bool>()[i];
-    } else if (t->dtype() == DType::kFloat32) {
-      for (int64_t i = 0; i < t->numel() && all; ++i) all = t->data<float>()[i] == 0.0f;
-    } else {
-      all = false;
+    std::optional<Tensor> t = evaluate_constant(mask, int64_t{1} << 22);
+    MaskKind kind = t ? constant_mask_kind(*t) : MaskKind::kOther;
+    if (kind == MaskKind::kOther) continue;
+    if (kind == MaskKind::kCausal) {
+      const SymShape* q = shape_of(n->input(0));
+      const SymShape* k = shape_of(n->input(1));
+      bool inside = n->attr_int("heads_inside", 0) != 0;  // [..., L, H, E] else [..., H, L, E]
+      size_t at = inside ? 3 : 2;
+      // The mask's [L, L] must be the scores' own: Lq == Lk == L.
+      if (n->attr_int("packed", 0) != 0 || !q || !k || q->size() < at || k->size() < at ||
+          (*q)[q->size() - at] != SymDim(t->dim(t->rank() - 1)) ||
+          (*k)[k->size() - at] != SymDim(t->dim(t->rank() - 1)))
+        continue;
+      n->attributes["causal"] = Attribute::of(int64_t{1});
     }
-    if (!all) continue;
     graph.replace_input(n, 3, nullptr);
     ++dropped;
   }
@@ -474,7 +508,7 @@ size_t recognize_attention(Graph& graph) {
   infer_shapes(graph);
   size_t n = fuse_written_attention(graph);
   if (n) infer_shapes(graph);
-  n += drop_attend_all_masks(graph);
+  n += drop_constant_masks(graph);
   n += fold_kv_repeats(graph);
   n += fold_head_transposes(graph);
   n += pack_qkv(graph);

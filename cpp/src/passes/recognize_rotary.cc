@@ -9,6 +9,11 @@
 // constant bounds (0 to d/2, d/2 to the end) and unit steps; the Concat on the last axis; X float32
 // with a known even last dim d, which Cos and Sin share and whose shape they broadcast to. Every
 // inner value is read by the pattern alone.
+//
+// Then a Rotary of heads transposed out of [..., T, H, D] (Llama's q and k, rotated after
+// .transpose(1, 2)) with Cos and Sin the same for every head rotates [..., T, H, D] itself and is
+// transposed after: recognize_attention folds that Transpose into the Attention it feeds.
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -110,6 +115,73 @@ std::optional<RotaryMatch> match_rotary(const Graph& g, Node* add) {
   return std::nullopt;
 }
 
+// Rotary(Transpose(Y)) with the heads transposed out of Y [..., T, H, D] (the dims before the
+// last two swapped) and Cos, Sin the same for every head (dim -3 of 1) -> Transpose(Rotary(Y,
+// Cos^T, Sin^T)): the rotation runs on the projection's layout, and the Transpose after it is the
+// one recognize_attention folds into Attention (heads_inside), so no copy of the heads is made
+// forward or backward. Returns how many moved.
+size_t rotate_heads_in_place(Graph& graph) {
+  size_t moved = 0;
+  std::map<Value*, Value*> transposed;  // Cos or Sin -> its Transpose, made once
+  for (Node* r : graph.topological_order()) {
+    if (r->qualified_op() != "graphtrain::Rotary") continue;
+    Node* t = r->input(0)->producer();
+    const SymShape* sx = r->input(0)->type.shape ? &*r->input(0)->type.shape : nullptr;
+    if (!is_onnx_op(t, "Transpose") || !sx || sx->size() < 3 ||
+        !read_only_by(graph, t->output(0), r))
+      continue;
+    const size_t rank = sx->size();
+    std::vector<int64_t> heads(rank);
+    for (size_t i = 0; i < rank; ++i) heads[i] = static_cast<int64_t>(i);
+    std::swap(heads[rank - 3], heads[rank - 2]);
+    if (t->attr_ints("perm") != heads) continue;
+    bool per_head_same = true;
+    for (Value* cs : {r->input(1), r->input(2)}) {
+      const SymShape* s = cs->type.shape ? &*cs->type.shape : nullptr;
+      per_head_same &= s && s->size() == rank && (*s)[rank - 3] == SymDim(1);
+    }
+    if (!per_head_same) continue;
+    std::vector<Value*> ins = {t->input(0)};
+    for (Value* cs : {r->input(1), r->input(2)}) {
+      Value*& cst = transposed[cs];
+      if (!cst) {
+        // Llama's cos.unsqueeze(1) becomes cos.unsqueeze(2), a view; anything else a Transpose.
+        Node* u = cs->producer();
+        std::optional<std::vector<int64_t>> axes =
+            is_onnx_op(u, "Unsqueeze") && u->inputs().size() == 2 ? ints_of(u->input(1))
+                                                                  : std::nullopt;
+        const int64_t at = static_cast<int64_t>(rank) - 3;
+        Node* ct;
+        if (axes && axes->size() == 1 && ((*axes)[0] == at || (*axes)[0] == -3)) {
+          Tensor axis = Tensor::from_vector<int64_t>(DType::kInt64, {1}, {at + 1});
+          ct = graph.add_node("Unsqueeze",
+                              {u->input(0), graph.add_initializer(graph.unique_name("axes"), axis)},
+                              {graph.unique_name(cs->name() + "_heads")});
+        } else {
+          ct = graph.add_node("Transpose", {cs}, {graph.unique_name(cs->name() + "_heads")});
+          ct->attributes["perm"] = Attribute::of(heads);
+        }
+        ct->scope = r->scope;
+        cst = ct->output(0);
+      }
+      ins.push_back(cst);
+    }
+    Node* rot = graph.add_node("Rotary", ins, {graph.unique_name("rotary")}, kGraphtrainDomain,
+                               graph.unique_name("Rotary"));
+    rot->attributes = r->attributes;
+    rot->scope = r->scope;
+    Node* back = graph.add_node("Transpose", {rot->output(0)}, {""});
+    back->attributes["perm"] = Attribute::of(heads);
+    back->scope = r->scope;
+    graph.move_output(r->output(0), back, 0);
+    graph.remove_node(r);
+    graph.remove_node(t);
+    ++moved;
+  }
+  if (moved) infer_shapes(graph);
+  return moved;
+}
+
 }  // namespace
 
 size_t recognize_rotary(Graph& graph) {
@@ -125,7 +197,8 @@ size_t recognize_rotary(Graph& graph) {
     graph.move_output(add->output(0), rot, 0);
     for (auto it = m.nodes.rbegin(); it != m.nodes.rend(); ++it) graph.remove_node(*it);
   }
-  return matches.size();
+  if (!matches.empty()) infer_shapes(graph);
+  return matches.size() + rotate_heads_in_place(graph);
 }
 
 }  // namespace graphtrain
