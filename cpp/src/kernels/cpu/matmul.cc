@@ -484,6 +484,8 @@ void gemm(KernelContext& ctx) {
 // Each expert's end row, checked against X's rows.
 std::vector<int64_t> group_ends(const KernelContext& ctx, const Tensor& offsets, int64_t rows,
                                 int64_t experts) {
+  if (offsets.dtype() != DType::kInt32 && offsets.dtype() != DType::kInt64)
+    ctx.fail("offsets must be int32 or int64, got " + offsets.describe());
   if (offsets.rank() != 1 || offsets.numel() != experts)
     ctx.fail(str_cat("offsets must have one element per expert (", experts, "), got shape ",
                      offsets.shape()));
