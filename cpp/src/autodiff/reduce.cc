@@ -42,12 +42,12 @@ void reduce_extreme(Ctx& c) {
 }
 
 const bool registered = [] {
-  // A running sum's gradient is the running sum of the gradient taken the other way.
   register_gradient("", "TopK", [](Ctx& c) {  // the values' gradient back at their indices
     c.set_grad(0,
                c.op("GatherElementsGrad", {c.output_grad(0), c.shape_of(c.input(0)), c.output(1)},
                     {{"axis", int_attr(c.node().attr_int("axis", -1))}}, GT));
   });
+  // A running sum's gradient is the running sum of the gradient taken the other way.
   register_gradient("", "CumSum", [](Ctx& c) {
     const Node& n = c.node();
     c.set_grad(0, c.op("CumSum", {c.output_grad(0), c.input(1)},

@@ -1,7 +1,8 @@
 // Pass constant_folding: a node whose inputs are all small constants (initializers or Constant
 // nodes) is run once, now, by its own kernel, and its output becomes an initializer. The gradient
 // builder makes such nodes (Pow's gradient computes the exponent p - 1); folding them lets later
-// passes see plain constants. Callback nodes and random ops are never folded.
+// passes see plain constants. Callback nodes and random ops are never folded. evaluate_constant
+// runs the same kernels on a value's constant subgraph for a pass that asks, changing nothing.
 #include <cstring>
 
 #include "graphtrain/callback.h"
@@ -23,10 +24,6 @@ bool foldable_op(const Node& n) {
     if (n.op_type == random) return false;
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // Runs n's kernel on constant inputs; an undefined tensor where it has none or fails.
 Tensor run_on_constants(const Node& n, const std::vector<const Tensor*>& ins) {
